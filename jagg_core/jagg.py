@@ -1,0 +1,286 @@
+"""JAGG: Jacobian-Aggregated Group Gradients (paper §Method; ARCHITECTURE §1).
+
+For a group of W consecutive denoising steps, the exact GRPO gradient is ``Σ_j J_jᵀ s_j`` with
+``J_j = ∂v_θ(z_j, t_j)/∂θ`` and upstream signals ``s_j = ∂L_j/∂v_j``. JAGG interpolates the Jacobians linearly in the
+network timestep between the group's endpoints (Eq. 6), ``J_j ≈ (1 − α_j) J_0 + α_j J_{W−1}`` with
+``α_j = (t_0 − t_j)/(t_0 − t_{W−1})``, so the whole group needs only two transformer backwards (Eq. 7):
+``∇θ ≈ J_0ᵀ s_base + J_{W−1}ᵀ s_corr``, ``s_base = Σ_j (1 − α_j) s_j``, ``s_corr = Σ_j α_j s_j``.
+
+Generalised here to K anchors (K = 2 is the paper's JAGG, K = W is exact): each step's Jacobian is interpolated
+between its two neighbouring anchors with the same t-weighted rule, and the signals are aggregated per anchor.
+
+Modes: ``exact`` (W with-grad forwards, W backwards), ``jagg`` and ``ablate`` (anchors with grad, middle steps under
+``no_grad``; ablate keeps only the anchors' own signals and discards the middle ones). Variants: ``joint`` (one
+``torch.autograd.backward`` over all anchors: one FSDP all-gather per module) and ``sequential`` (one anchor graph
+alive at a time, for memory).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+
+__all__ = [
+    "MODES",
+    "VARIANTS",
+    "Group",
+    "GroupStats",
+    "anchor_positions",
+    "anchor_weights",
+    "interpolation_weights",
+    "aggregate_upstream",
+    "plan_groups",
+    "group_backward",
+]
+
+MODES = ("exact", "jagg", "ablate")
+VARIANTS = ("joint", "sequential")
+
+Velocity = Callable[[int], torch.Tensor]
+StepLoss = Callable[[int, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]"]
+
+
+def _as_timesteps(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
+    if t.numel() < 2:
+        raise ValueError(f"a group needs at least 2 timesteps, got {t.numel()}.")
+    d = t[1:] - t[:-1]
+    if not (bool((d < 0).all()) or bool((d > 0).all())):
+        raise ValueError(f"group timesteps must be strictly monotone, got {t.tolist()}.")
+    return t
+
+
+def interpolation_weights(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """α_j = (t_0 − t_j) / (t_0 − t_{W−1}) (Eq. 6): 0 at the first step, 1 at the last, t-weighted in between.
+
+    Args:
+        t: (W,) network timesteps of the group, strictly monotone (denoising order).
+    Returns:
+        (W,) float64.
+    """
+    t = _as_timesteps(t)
+    return (t[0] - t) / (t[0] - t[-1])
+
+
+def anchor_positions(window: int, anchors: int = 2) -> tuple[int, ...]:
+    """Indices of the K anchors in a group of W steps: evenly spread, always including both endpoints."""
+    if window < 2:
+        raise ValueError(f"window must be at least 2, got {window}.")
+    if not 2 <= anchors <= window:
+        raise ValueError(f"anchors must be between 2 and the window ({window}), got {anchors}.")
+    return tuple(round(k * (window - 1) / (anchors - 1)) for k in range(anchors))
+
+
+def anchor_weights(t: torch.Tensor | Sequence[float], anchors: Sequence[int] | None = None) -> torch.Tensor:
+    """The (W, K) matrix M with ``s_anchor_k = Σ_j M[j, k] s_j``.
+
+    Step j between anchors a_k ≤ j ≤ a_{k+1} gets ``1 − α`` on a_k and ``α`` on a_{k+1} with
+    ``α = (t_{a_k} − t_j)/(t_{a_k} − t_{a_{k+1}})``. With anchors (0, W−1) the columns are ``1 − α`` and ``α``.
+    """
+    t = _as_timesteps(t)
+    w = t.numel()
+    anchors = tuple(anchors) if anchors is not None else (0, w - 1)
+    if anchors[0] != 0 or anchors[-1] != w - 1 or any(b <= a for a, b in zip(anchors, anchors[1:])):
+        raise ValueError(f"anchors must increase strictly from 0 to {w - 1}, got {anchors}.")
+    m = torch.zeros(w, len(anchors), dtype=torch.float64)
+    for k, (a, b) in enumerate(zip(anchors, anchors[1:])):
+        alpha = (t[a] - t[a : b + 1]) / (t[a] - t[b])  # (b − a + 1,)
+        m[a : b + 1, k] = 1.0 - alpha
+        m[a : b + 1, k + 1] = alpha  # the shared anchor b is overwritten to exactly (0, 1)
+    return m
+
+
+def aggregate_upstream(
+    s: Sequence[torch.Tensor], t: torch.Tensor | Sequence[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s_base, s_corr) = (Σ_j (1 − α_j) s_j, Σ_j α_j s_j) (Eq. 7)."""
+    alpha = interpolation_weights(t)
+    if len(s) != alpha.numel():
+        raise ValueError(f"got {len(s)} upstream signals for {alpha.numel()} timesteps.")
+    s_base = sum(float(1.0 - a) * s_j for a, s_j in zip(alpha, s))
+    s_corr = sum(float(a) * s_j for a, s_j in zip(alpha, s))
+    return s_base, s_corr
+
+
+@dataclass(frozen=True)
+class Group:
+    """W consecutive trained steps (indices into the trajectory) and how their gradient is computed."""
+
+    steps: tuple[int, ...]
+    mode: str  # "exact" | "jagg" | "ablate"
+    position: int  # index of the group along the trajectory (0 = highest noise)
+
+
+def plan_groups(
+    num_steps: int | Sequence[int],
+    window: int,
+    jagg_frac: float,
+    *,
+    mode: str = "jagg",
+    fraction: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> list[Group]:
+    """Cut the trained steps into groups of ``window`` consecutive steps and route each to a backward mode.
+
+    The first ``floor(jagg_frac · n_full)`` full groups in denoising order (high noise first) use ``mode``; the rest
+    and a trailing partial group use exact backward. ``fraction < 1`` keeps a random subset of whole groups
+    (DanceGRPO's timestep_fraction, never single steps out of a group); a kept group keeps its routing.
+
+    Args:
+        num_steps: the number of trained steps (0..T−1), or the trained step indices in denoising order.
+        window: W ≥ 2.
+        jagg_frac: fraction of full groups, from the high-noise end, that use ``mode``.
+        mode: ``"jagg"``, ``"ablate"`` or ``"exact"`` (every group exact, the baseline).
+        fraction: fraction of groups kept, in (0, 1].
+        generator: RNG for the subset.
+    """
+    steps = list(range(num_steps)) if isinstance(num_steps, int) else [int(s) for s in num_steps]
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
+    if window < 2:
+        raise ValueError(f"window must be at least 2, got {window}.")
+    if not 0.0 <= jagg_frac <= 1.0:
+        raise ValueError(f"jagg_frac must be in [0, 1], got {jagg_frac}.")
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
+    chunks = [tuple(steps[i : i + window]) for i in range(0, len(steps), window)]
+    n_full = len(steps) // window
+    n_routed = 0 if mode == "exact" else math.floor(jagg_frac * n_full + 1e-9)
+    groups = [Group(c, mode if i < n_routed else "exact", i) for i, c in enumerate(chunks)]
+    if fraction < 1.0 and groups:
+        keep = max(1, round(fraction * len(groups)))
+        chosen = torch.randperm(len(groups), generator=generator)[:keep].sort().values
+        groups = [groups[int(i)] for i in chosen]
+    return groups
+
+
+@dataclass
+class GroupStats:
+    """What one call of :func:`group_backward` did."""
+
+    mode: str
+    variant: str
+    window: int
+    loss: float = 0.0  # Σ_j of the values step_loss returned
+    grad_forwards: int = 0  # velocity calls with autograd recording
+    nograd_forwards: int = 0  # velocity calls under no_grad
+    reused_velocities: int = 0  # middle velocities taken from middle_velocity instead of a forward
+    backward_calls: int = 0  # torch.autograd.backward calls (transformer backward passes)
+    extras: dict[str, float] = field(default_factory=dict)  # mean over steps of step_loss's extra stats
+
+
+def _upstream(step_loss: StepLoss, j: int, v: torch.Tensor) -> tuple[torch.Tensor, float, dict[str, float]]:
+    """s_j = ∂L_j/∂ṽ_j on a detached proxy ṽ_j: only the SDE step and the PPO objective are differentiated."""
+    proxy = v.detach().to(torch.promote_types(v.dtype, torch.float32)).requires_grad_(True)
+    with torch.enable_grad():
+        out = step_loss(j, proxy)
+        loss, extras = (out if isinstance(out, tuple) else (out, {}))
+        if loss.ndim != 0:
+            raise ValueError(f"step_loss must return a scalar, got shape {tuple(loss.shape)}.")
+        (s,) = torch.autograd.grad(loss, proxy, allow_unused=True)
+    s = torch.zeros_like(proxy) if s is None else s  # a loss that ignores v (e.g. zero advantages)
+    return s, float(loss.detach()), {k: float(x) for k, x in extras.items()}
+
+
+def group_backward(
+    velocity: Velocity,
+    step_loss: StepLoss,
+    t: torch.Tensor | Sequence[float],
+    mode: str,
+    variant: str = "joint",
+    *,
+    anchors: int = 2,
+    middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
+) -> GroupStats:
+    """Accumulate the group's GRPO gradient into the parameters' ``.grad``, like ``loss.backward()``.
+
+    Args:
+        velocity: ``j -> v_j`` runs the policy on stored step j (0 ≤ j < W) of the group; this function decides the
+            grad mode around each call.
+        step_loss: ``(j, v) -> L_j`` (or ``(L_j, {name: stat})``), a scalar differentiable in ``v`` only. Its scale
+            is the caller's (e.g. ``L_j / W``).
+        t: (W,) network timesteps of the group.
+        mode: ``"exact"``, ``"jagg"`` or ``"ablate"``.
+        variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time).
+        anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
+        middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
+            rollout while the policy is unchanged); None falls back to a no-grad forward.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
+    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
+    w = t.numel()
+    stats = GroupStats(mode=mode, variant=variant, window=w)
+    extras: dict[str, list[float]] = {}
+
+    def signal(j: int, v: torch.Tensor) -> torch.Tensor:
+        s, loss, ex = _upstream(step_loss, j, v)
+        stats.loss += loss
+        for k, x in ex.items():
+            extras.setdefault(k, []).append(x)
+        return s
+
+    if mode == "exact" or w < 2:
+        # The baseline: every step forwards with grad and backwards on its own (at most one graph alive).
+        stats.mode = "exact"
+        for j in range(w):
+            v = velocity(j)
+            stats.grad_forwards += 1
+            torch.autograd.backward(v, signal(j, v).to(v.dtype))
+            stats.backward_calls += 1
+            del v
+    else:
+        pos = anchor_positions(w, anchors)
+        weights = anchor_weights(t, pos) if mode == "jagg" else None  # (W, K)
+        s_anchor: list[torch.Tensor | None] = [None] * len(pos)
+
+        def accumulate(j: int, s: torch.Tensor) -> None:
+            for k in range(len(pos)):
+                if weights is None:  # ablate: an anchor keeps its own signal, middle signals are discarded
+                    c = 1.0 if pos[k] == j else 0.0
+                else:
+                    c = float(weights[j, k])
+                if c != 0.0:
+                    s_anchor[k] = c * s if s_anchor[k] is None else s_anchor[k] + c * s
+
+        # Middle steps first, under no_grad: no graph is alive while they run.
+        for j in range(w):
+            if j in pos:
+                continue
+            v = middle_velocity(j) if middle_velocity is not None else None
+            if v is None:
+                with torch.no_grad():
+                    v = velocity(j)
+                stats.nograd_forwards += 1
+            else:
+                stats.reused_velocities += 1
+            accumulate(j, signal(j, v))
+            del v
+
+        if variant == "joint":
+            outputs = []
+            for k, j in enumerate(pos):
+                v = velocity(j)
+                stats.grad_forwards += 1
+                accumulate(j, signal(j, v))
+                outputs.append(v)
+            grads = [s.to(v.dtype) for s, v in zip(s_anchor, outputs)]
+            torch.autograd.backward(outputs, grads)
+            stats.backward_calls += 1
+            del outputs, grads
+        else:
+            for k, j in enumerate(pos):
+                v = velocity(j)
+                stats.grad_forwards += 1
+                accumulate(j, signal(j, v))
+                torch.autograd.backward(v, s_anchor[k].to(v.dtype))
+                stats.backward_calls += 1
+                s_anchor[k] = None
+                del v  # the graph of this anchor is freed before the next anchor's forward
+    stats.extras = {k: sum(x) / len(x) for k, x in extras.items()}
+    return stats

@@ -1,0 +1,65 @@
+"""The per-step PPO-clip GRPO loss on one denoising step (paper Eq. 4; cleanrl's ``ppo.py`` naming).
+
+``ratio = exp(log_prob − old_log_prob)``; ``L = mean_i max(−A_i·ratio, −A_i·clip(ratio, 1 − ε, 1 + ε))``, plus
+``β·KL`` with Flow-GRPO's KL between the current and reference transition kernels,
+``mean‖μ_θ − μ_ref‖² / (2·std²)``. ``approx_kl = ½·mean(log_ratio²)`` and ``clipfrac`` are diagnostics.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["PpoStepLoss", "ppo_step_loss"]
+
+
+class PpoStepLoss(NamedTuple):
+    loss: torch.Tensor  # () differentiable policy loss (+ β·KL)
+    policy_loss: torch.Tensor  # () detached
+    kl: torch.Tensor  # () detached KL to the reference (0 without one)
+    approx_kl: torch.Tensor  # () detached ½·mean((log_prob − old_log_prob)²)
+    clipfrac: torch.Tensor  # () detached fraction of samples with |ratio − 1| > clip_range
+
+
+def ppo_step_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_range: float,
+    mean: torch.Tensor | None = None,
+    ref_mean: torch.Tensor | None = None,
+    std: torch.Tensor | None = None,
+    beta: float = 0.0,
+) -> PpoStepLoss:
+    """GRPO loss of one step for a batch of B images.
+
+    Args:
+        log_prob: (B,) log-probability of the stored next latents under the current policy.
+        old_log_prob: (B,) the rollout's log-probability.
+        advantages: (B,) group advantages (already clipped).
+        clip_range: PPO's ε_c.
+        mean, ref_mean, std: the step's mean under the current and reference policies and its std, for the KL term
+            (needed when ``beta > 0``).
+        beta: KL coefficient.
+    """
+    log_ratio = log_prob - old_log_prob.detach()
+    ratio = torch.exp(log_ratio)
+    adv = advantages.detach().to(ratio.dtype)
+    pg_loss1 = -adv * ratio
+    pg_loss2 = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    policy_loss = torch.maximum(pg_loss1, pg_loss2).mean()
+    if beta > 0:
+        if mean is None or ref_mean is None or std is None:
+            raise ValueError("beta > 0 needs mean, ref_mean and std for the KL term.")
+        dims = tuple(range(1, mean.ndim))
+        kl = (((mean - ref_mean.detach()) ** 2).mean(dim=dims, keepdim=True) / (2.0 * std**2)).mean()
+        loss = policy_loss + beta * kl
+    else:
+        kl = policy_loss.new_zeros(())
+        loss = policy_loss
+    with torch.no_grad():
+        approx_kl = 0.5 * (log_ratio**2).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip_range).to(ratio.dtype).mean()
+    return PpoStepLoss(loss, policy_loss.detach(), kl.detach(), approx_kl, clipfrac)

@@ -1,0 +1,5 @@
+"""Policies by backbone name (the registry in :mod:`.base`); importing this package registers the built-in ones."""
+
+from .base import Policy, PolicyError, PromptEmbeds, available_backbones, load_policy, register_backbone
+
+__all__ = ["Policy", "PolicyError", "PromptEmbeds", "available_backbones", "load_policy", "register_backbone"]

@@ -1,0 +1,145 @@
+"""The policy interface every backbone implements, and the backbone registry.
+
+A policy is a flow-matching text-to-image model seen by the trainer: prompts are encoded once into
+:class:`PromptEmbeds`; ``velocity(latents, timesteps, embeds)`` runs the trained transformer (classifier-free guidance
+inside, where the backbone uses it); ``decode`` turns final latents into images. The trainer never looks inside.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from ..schedules import Schedule
+
+__all__ = [
+    "PolicyError",
+    "PromptEmbeds",
+    "Policy",
+    "available_backbones",
+    "load_policy",
+    "register_backbone",
+]
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be built: unknown backbone, missing or incomplete weights. The message is for the user."""
+
+
+@dataclass
+class PromptEmbeds:
+    """Text conditioning for a batch of prompts: named tensors, batch dimension first."""
+
+    tensors: dict[str, torch.Tensor]
+
+    def __len__(self) -> int:
+        return next(iter(self.tensors.values())).shape[0]
+
+    def __getitem__(self, index: int | slice | torch.Tensor | Sequence[int]) -> "PromptEmbeds":
+        if isinstance(index, int):
+            index = slice(index, index + 1)
+        elif not isinstance(index, slice):
+            index = torch.as_tensor(index, dtype=torch.long)
+        return PromptEmbeds({k: v[index] for k, v in self.tensors.items()})
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> "PromptEmbeds":
+        return PromptEmbeds(
+            {k: v.to(device=device, dtype=dtype if v.is_floating_point() else None) for k, v in self.tensors.items()}
+        )
+
+    @staticmethod
+    def cat(parts: Sequence["PromptEmbeds"]) -> "PromptEmbeds":
+        keys = parts[0].tensors.keys()
+        return PromptEmbeds({k: torch.cat([p.tensors[k] for p in parts]) for k in keys})
+
+
+class Policy(abc.ABC):
+    """A text-to-image flow-matching policy.
+
+    Attributes:
+        transformer: the trained ``nn.Module`` (wrapped by DDP/FSDP by the trainer; ``velocity`` calls it).
+        device, dtype: where and in what precision the transformer runs.
+    """
+
+    transformer: torch.nn.Module
+    device: torch.device
+    dtype: torch.dtype
+    num_train_timesteps: int = 1000
+
+    @abc.abstractmethod
+    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+        """Encode prompts once (no grad); negative prompts for CFG are included where the backbone uses CFG."""
+
+    @abc.abstractmethod
+    def latent_shape(self) -> tuple[int, ...]:
+        """Shape of one sample's (packed) latent, e.g. ``(tokens, channels)``."""
+
+    @abc.abstractmethod
+    def schedule(self, num_steps: int) -> Schedule:
+        """The sampling schedule (sigmas and network timesteps) of ``num_steps`` steps at this resolution."""
+
+    @abc.abstractmethod
+    def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        """v_θ(z, t): (B, *latent_shape) from latents (B, *latent_shape), network timesteps (B,) and B embeds."""
+
+    @abc.abstractmethod
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents (B, *latent_shape) -> images (B, 3, H, W) float32 in [0, 1] (no grad)."""
+
+    def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """z_0 ~ N(0, I) of shape (batch, *latent_shape) in float32 on the policy's device."""
+        device = generator.device if generator is not None else self.device
+        noise = torch.randn((batch, *self.latent_shape()), generator=generator, device=device, dtype=torch.float32)
+        return noise.to(self.device)
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """Within this context ``velocity`` is the frozen reference policy (for the KL term).
+
+        The default disables LoRA adapters; a full fine-tune must keep a frozen copy and override this.
+        """
+        module = getattr(self.transformer, "module", self.transformer)  # through a DDP wrapper
+        if not hasattr(module, "disable_adapter"):
+            raise PolicyError("a KL term (beta > 0) needs LoRA (model.lora.rank > 0) or a reference copy.")
+        with module.disable_adapter():
+            yield
+
+
+_BACKBONES: dict[str, Callable[..., Policy]] = {}
+
+
+def register_backbone(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
+    """Decorator: register ``factory(path, *, device, dtype, options) -> Policy`` under ``name``."""
+
+    def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
+        if name in _BACKBONES:
+            raise ValueError(f"backbone {name!r} is registered twice.")
+        _BACKBONES[name] = factory
+        return factory
+
+    return deco
+
+
+def available_backbones() -> list[str]:
+    return sorted(_BACKBONES)
+
+
+def load_policy(
+    backbone: str,
+    path: str | None,
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    options: Mapping[str, Any] | None = None,
+) -> Policy:
+    """Build the policy of ``backbone`` from the weights at ``path`` (a local folder or an HF-cache hub id)."""
+    if backbone not in _BACKBONES:
+        raise PolicyError(f"unknown backbone {backbone!r}; available: {', '.join(available_backbones())}.")
+    return _BACKBONES[backbone](path, device=torch.device(device), dtype=dtype, options=dict(options or {}))

@@ -1,0 +1,93 @@
+"""The reward registry: rewards by name, each a factory returning ``fn(images, prompts, metadata) -> (rewards, info)``.
+
+As in DDPO's reward functions: a factory does the heavy imports and model loading lazily (once per process, cached by
+its options), and the returned function is called on batches.
+
+- ``images``: (B, 3, H, W) float tensor in [0, 1] (on any device).
+- ``prompts``: B strings. ``metadata``: B dicts (the world's parsed scene for the toy rewards; may be empty).
+- returns ``rewards``: (B,) float32 CPU tensor, and ``info``: a dict of extra per-image (B,) tensors or scalars.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+
+__all__ = [
+    "RewardFn",
+    "RewardError",
+    "available_rewards",
+    "make_reward",
+    "make_weighted_reward",
+    "register_reward",
+]
+
+
+class RewardFn(Protocol):
+    def __call__(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]: ...
+
+
+class RewardError(ValueError):
+    """A reward that cannot be built: unknown name, bad option, missing weights. The message is for the user."""
+
+
+_FACTORIES: dict[str, Callable[..., RewardFn]] = {}
+
+
+def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
+    """Decorator: register a factory ``(**options) -> RewardFn`` under ``name``."""
+
+    def deco(factory: Callable[..., RewardFn]) -> Callable[..., RewardFn]:
+        if name in _FACTORIES:
+            raise ValueError(f"reward {name!r} is registered twice.")
+        _FACTORIES[name] = factory
+        return factory
+
+    return deco
+
+
+def available_rewards() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def _freeze(options: Mapping[str, Any]) -> tuple:
+    return tuple(sorted((k, _freeze(v) if isinstance(v, Mapping) else v) for k, v in options.items()))
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(name: str, frozen: tuple) -> RewardFn:
+    return _FACTORIES[name](**dict(frozen))
+
+
+def make_reward(name: str, **options: Any) -> RewardFn:
+    """The reward ``name`` built with ``options``; built once per process for the same options."""
+    if name not in _FACTORIES:
+        raise RewardError(f"unknown reward {name!r}; available: {', '.join(available_rewards())}.")
+    return _cached(name, _freeze(options))
+
+
+def make_weighted_reward(
+    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None
+) -> RewardFn:
+    """``Σ_k w_k · reward_k``; ``info`` holds each component's per-image values under ``reward/<name>``."""
+    if not weights:
+        raise RewardError("at least one reward with a weight is needed.")
+    options = options or {}
+    fns = {name: make_reward(name, **dict(options.get(name, {}))) for name in weights}
+
+    def fn(images, prompts, metadata):
+        total = torch.zeros(len(prompts), dtype=torch.float32)
+        info: dict[str, Any] = {}
+        for name, w in weights.items():
+            r, extra = fns[name](images, prompts, metadata)
+            r = r.detach().float().cpu()
+            total += float(w) * r
+            info[f"reward/{name}"] = r
+            info.update({f"reward/{name}/{k}": v for k, v in extra.items()})
+        return total, info
+
+    return fn
