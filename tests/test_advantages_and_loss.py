@@ -1,0 +1,75 @@
+"""Group advantages and the per-step PPO-clip loss on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from jagg_core import group_advantages, ppo_step_loss
+
+
+def test_advantages_by_hand():
+    r = torch.tensor([1.0, 3.0, 10.0, 10.0, 4.0, 0.0], dtype=torch.float64)
+    ids = torch.tensor([7, 7, 2, 2, 5, 5])
+    adv = group_advantages(r, ids, eps=0.0, clip=10.0)
+    # groups {1, 3}: mean 2, population std 1 → ∓1; {10, 10}: constant → 0; {4, 0}: mean 2, std 2 → ±1
+    torch.testing.assert_close(adv, torch.tensor([-1.0, 1.0, 0.0, 0.0, 1.0, -1.0], dtype=torch.float64))
+
+
+def test_constant_group_gives_zeros_not_nan_even_without_eps():
+    adv = group_advantages(torch.full((4,), 0.3), torch.zeros(4, dtype=torch.long), eps=0.0, clip=5.0)
+    assert torch.equal(adv, torch.zeros(4))
+    single = group_advantages(torch.tensor([0.5, 0.7]), torch.tensor([0, 1]), eps=1e-4, clip=5.0)
+    assert torch.equal(single, torch.zeros(2))  # a group of one image has no relative signal
+
+
+def test_eps_clip_and_global_std():
+    r = torch.tensor([0.0, 1.0, 0.0, 100.0], dtype=torch.float64)
+    ids = torch.tensor([0, 0, 1, 1])
+    adv = group_advantages(r, ids, eps=0.5, clip=10.0)
+    torch.testing.assert_close(adv, torch.tensor([-0.5, 0.5, -50 / 50.5, 50 / 50.5], dtype=torch.float64))
+    assert group_advantages(torch.tensor([0.0, 1.0, 2.0, 300.0]), torch.zeros(4, dtype=torch.long), eps=0.0,
+                            clip=1.5).abs().max() == 1.5
+    g = group_advantages(r, ids, eps=0.0, clip=10.0, global_std=True)
+    std = float(r.std(unbiased=False))
+    torch.testing.assert_close(g, torch.tensor([-0.5, 0.5, -50.0, 50.0], dtype=torch.float64) / std)
+
+
+def test_advantages_refuse_mismatched_shapes():
+    with pytest.raises(ValueError):
+        group_advantages(torch.zeros(3), torch.zeros(4, dtype=torch.long))
+
+
+def test_ppo_loss_by_hand():
+    log_prob = torch.tensor([math.log(1.5), math.log(0.5), 0.0], dtype=torch.float64)
+    old = torch.zeros(3, dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, -2.0], dtype=torch.float64)
+    out = ppo_step_loss(log_prob, old, adv, clip_range=0.2)
+    # ratio 1.5 (A>0): max(−1.5, −1.2) = −1.2; ratio 0.5 (A>0): max(−0.5, −0.8) = −0.5; ratio 1 (A<0): 2
+    assert float(out.loss) == pytest.approx((-1.2 - 0.5 + 2.0) / 3)
+    assert float(out.clipfrac) == pytest.approx(2 / 3)
+    assert float(out.approx_kl) == pytest.approx(0.5 * (math.log(1.5) ** 2 + math.log(0.5) ** 2) / 3)
+    assert float(out.kl) == 0.0
+
+
+def test_ppo_loss_gradient_is_zero_exactly_where_clipped():
+    log_prob = torch.tensor([math.log(1.5), math.log(1.1), math.log(0.5)], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+    ppo_step_loss(log_prob, torch.zeros(3, dtype=torch.float64), adv, clip_range=0.2).loss.backward()
+    assert log_prob.grad[0] == 0 and log_prob.grad[2] == 0  # pushed beyond the clip in the advantage's direction
+    assert log_prob.grad[1] == pytest.approx(-1.1 / 3)
+
+
+def test_kl_term_is_flow_grpos_gaussian_kl():
+    mean = torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[0.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    std = torch.tensor([[0.5], [1.0]], dtype=torch.float64)
+    zeros = torch.zeros(2, dtype=torch.float64)
+    out = ppo_step_loss(zeros, zeros, zeros, clip_range=0.2, mean=mean, ref_mean=ref, std=std, beta=0.1)
+    kl = ((1 + 4) / 2 / (2 * 0.25) + (0 + 1) / 2 / 2) / 2
+    assert float(out.kl) == pytest.approx(kl)
+    assert float(out.loss.detach()) == pytest.approx(0.1 * kl)
+    with pytest.raises(ValueError, match="beta > 0"):
+        ppo_step_loss(zeros, zeros, zeros, clip_range=0.2, beta=0.1)

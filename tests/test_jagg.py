@@ -1,0 +1,410 @@
+"""JAGG group backward against slow, obviously-correct references, in float64 (ARCHITECTURE §1)."""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from jagg_core import (
+    aggregate_upstream,
+    anchor_positions,
+    anchor_weights,
+    group_backward,
+    interpolation_weights,
+    plan_groups,
+)
+from velocity_models import (
+    AffineVelocity,
+    NonlinearVelocity,
+    PiecewiseAffineVelocity,
+    flat_grad,
+    piecewise_segment_group,
+    ppo_problem,
+    rel_err,
+    segment_group,
+)
+
+UNEVEN_T = [1000.0, 910.0, 700.0, 655.0, 380.0, 120.0]  # W = 6, deliberately uneven spacing
+
+
+# --- slow references ---------------------------------------------------------------------------------------------
+
+
+def exact_reference(model, velocity, step_loss, w):
+    """Σ_j ∂L_j(v_θ(z_j, t_j))/∂θ straight through the model, one step at a time, no proxies."""
+    params = list(model.parameters())
+    total = [torch.zeros_like(p) for p in params]
+    for j in range(w):
+        out = step_loss(j, velocity(j))
+        loss = out[0] if isinstance(out, tuple) else out
+        for acc, g in zip(total, torch.autograd.grad(loss, params)):
+            acc += g
+    return torch.cat([g.reshape(-1) for g in total])
+
+
+def jacobian(model, velocity, j):
+    """J_j = ∂ vec(v_j) / ∂θ as a dense (B·D, P) matrix, one output row at a time."""
+    params = list(model.parameters())
+    v = velocity(j).reshape(-1)
+    rows = []
+    for i in range(v.numel()):
+        gs = torch.autograd.grad(v[i], params, retain_graph=True)
+        rows.append(torch.cat([g.reshape(-1) for g in gs]))
+    return torch.stack(rows)
+
+
+def upstream(step_loss, velocity, j):
+    v = velocity(j).detach().requires_grad_(True)
+    out = step_loss(j, v)
+    loss = out[0] if isinstance(out, tuple) else out
+    (s,) = torch.autograd.grad(loss, v)
+    return s.reshape(-1)
+
+
+def jagg_reference(model, velocity, step_loss, t):
+    """Eq. 6–7 literally: Σ_j ((1 − α_j) J_0 + α_j J_{W−1})ᵀ s_j with dense Jacobians."""
+    w = len(t)
+    t = torch.as_tensor(t, dtype=torch.float64)
+    alpha = (t[0] - t) / (t[0] - t[-1])
+    j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, w - 1)
+    return sum(((1 - a) * j0 + a * j1).T @ upstream(step_loss, velocity, j) for j, a in enumerate(alpha))
+
+
+def run(model, velocity, step_loss, t, mode, variant="joint", **kw):
+    model.zero_grad(set_to_none=True)
+    stats = group_backward(velocity, step_loss, t, mode, variant, **kw)
+    return flat_grad(model), stats
+
+
+# --- weights and routing -----------------------------------------------------------------------------------------
+
+
+def test_interpolation_weights_are_t_weighted_not_index_based():
+    alpha = interpolation_weights([1.0, 0.9, 0.4, 0.0])
+    torch.testing.assert_close(alpha, torch.tensor([0.0, 0.1, 0.6, 1.0], dtype=torch.float64), rtol=0, atol=1e-15)
+    assert not torch.allclose(alpha, torch.linspace(0, 1, 4, dtype=torch.float64))
+    # even spacing reduces to j / (W − 1)
+    torch.testing.assert_close(interpolation_weights([800, 600, 400, 200]), torch.tensor([0, 1 / 3, 2 / 3, 1.0],
+                               dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [[1.0], [1.0, 1.0, 0.5], [1.0, 0.5, 0.7]])
+def test_interpolation_weights_refuse_degenerate_groups(bad):
+    with pytest.raises(ValueError):
+        interpolation_weights(bad)
+
+
+def test_aggregate_upstream_by_hand():
+    s = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]), torch.tensor([4.0, 4.0])]
+    s_base, s_corr = aggregate_upstream(s, [10.0, 7.0, 0.0])  # α = 0, 0.3, 1
+    torch.testing.assert_close(s_base, torch.tensor([1.0, 1.4]))
+    torch.testing.assert_close(s_corr, torch.tensor([4.0, 4.6]))
+
+
+def test_anchor_weights_generalise_the_two_endpoint_rule():
+    t = torch.tensor(UNEVEN_T, dtype=torch.float64)
+    alpha = interpolation_weights(t)
+    m2 = anchor_weights(t)
+    torch.testing.assert_close(m2, torch.stack([1 - alpha, alpha], dim=1))
+    assert anchor_positions(6, 2) == (0, 5) and anchor_positions(6, 3) == (0, 2, 5) and anchor_positions(8, 3) == (0, 4, 7)
+    m3 = anchor_weights(t, (0, 2, 5))
+    torch.testing.assert_close(m3.sum(dim=1), torch.ones(6, dtype=torch.float64))  # a partition of unity per step
+    a = (t[0] - t[1]) / (t[0] - t[2])
+    torch.testing.assert_close(m3[1], torch.tensor([1 - a, a, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(m3[2], torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(anchor_weights(t, tuple(range(6))), torch.eye(6, dtype=torch.float64))
+
+
+def test_plan_groups_routes_leading_groups_and_keeps_partial_group_exact():
+    groups = plan_groups(18, 4, 0.6, mode="jagg")
+    assert [g.steps for g in groups] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15), (16, 17)]
+    # floor(0.6 · 4 full groups) = 2 JAGG groups, high-noise first; the partial group is exact
+    assert [g.mode for g in groups] == ["jagg", "jagg", "exact", "exact", "exact"]
+    assert [g.mode for g in plan_groups(18, 4, 1.0, mode="ablate")] == ["ablate"] * 4 + ["exact"]
+    assert {g.mode for g in plan_groups(18, 4, 1.0, mode="exact")} == {"exact"}
+    assert {g.mode for g in plan_groups(8, 4, 0.0)} == {"exact"}
+    custom = plan_groups([3, 4, 5, 6, 7, 8], 3, 0.5)  # trained step indices, e.g. a Flow-GRPO-Fast SDE window
+    assert [(g.steps, g.mode, g.position) for g in custom] == [((3, 4, 5), "jagg", 0), ((6, 7, 8), "exact", 1)]
+
+
+def test_plan_groups_subsamples_whole_groups_and_keeps_their_routing():
+    full = plan_groups(32, 4, 0.5)
+    seen = set()
+    for seed in range(20):
+        sub = plan_groups(32, 4, 0.5, fraction=0.5, generator=torch.Generator().manual_seed(seed))
+        assert len(sub) == 4
+        assert [g.position for g in sub] == sorted(g.position for g in sub)
+        for g in sub:
+            assert g == full[g.position]  # whole groups with the routing of their place in the trajectory
+        seen.add(tuple(g.position for g in sub))
+    assert len(seen) > 1
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(window=1, jagg_frac=0.5), dict(window=4, jagg_frac=1.5), dict(window=4, jagg_frac=-0.1),
+               dict(window=4, jagg_frac=0.5, mode="fast"), dict(window=4, jagg_frac=0.5, fraction=0.0)]
+)
+def test_plan_groups_refuses_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        plan_groups(16, **kwargs)
+
+
+# --- Theorem 1 ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["flow_grpo", "dance_grpo"])
+@pytest.mark.parametrize("variant", ["joint", "sequential"])
+def test_theorem1_jagg_is_exact_for_affine_velocity_on_the_segment(kind, variant):
+    model = AffineVelocity()
+    t, zs = segment_group(UNEVEN_T)
+    velocity, step_loss = ppo_problem(model, t, zs, kind=kind)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    g_jagg, stats = run(model, velocity, step_loss, t, "jagg", variant)
+    assert stats.extras["clipfrac"] < 1.0  # the PPO losses are live, not all clipped away
+    assert rel_err(g_jagg, g_exact) <= 1e-10
+    g_base, _ = run(model, velocity, step_loss, t, "exact")
+    assert rel_err(g_base, g_exact) <= 1e-12
+
+
+def test_theorem1_fails_once_inputs_leave_the_segment():
+    model = AffineVelocity()
+    t, zs = segment_group(UNEVEN_T, off_segment=0.5)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg")
+    assert rel_err(g_jagg, g_exact) > 1e-3
+
+
+def test_theorem1_fails_for_a_velocity_nonlinear_in_z():
+    model = NonlinearVelocity()
+    t, zs = segment_group(UNEVEN_T)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg")
+    assert rel_err(g_jagg, g_exact) > 1e-3
+
+
+def test_theorem1_needs_t_weighting_on_uneven_steps():
+    """Index-based weights j/(W−1) are wrong when the timesteps are unevenly spaced: JAGG must use t."""
+    model = AffineVelocity()
+    t, zs = segment_group(UNEVEN_T)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    s = [upstream(step_loss, velocity, j) for j in range(len(t))]
+    idx_alpha = torch.linspace(0, 1, len(t), dtype=torch.float64)
+    j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, len(t) - 1)
+    g_index = sum(((1 - a) * j0 + a * j1).T @ s_j for a, s_j in zip(idx_alpha, s))
+    assert rel_err(g_index, g_exact) > 1e-3
+
+
+def test_jagg_matches_the_dense_jacobian_formula_off_theorem():
+    """Away from Theorem 1's premise JAGG is an approximation — but exactly Eq. 6–7's approximation."""
+    model = NonlinearVelocity(seed=3)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.3, seed=4)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_ref = jagg_reference(model, velocity, step_loss, t)
+    for variant in ("joint", "sequential"):
+        g, _ = run(model, velocity, step_loss, t, "jagg", variant)
+        assert rel_err(g, g_ref) <= 1e-12
+
+
+# --- invariants --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["jagg", "ablate"])
+def test_joint_equals_sequential(mode):
+    model = NonlinearVelocity(seed=5)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.4, seed=6)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_joint, _ = run(model, velocity, step_loss, t, mode, "joint")
+    g_seq, _ = run(model, velocity, step_loss, t, mode, "sequential")
+    assert rel_err(g_seq, g_joint) <= 1e-12
+
+
+@pytest.mark.parametrize("mode", ["jagg", "ablate"])
+def test_window_two_is_exact(mode):
+    model = NonlinearVelocity(seed=7)
+    t, zs = segment_group([900.0, 450.0], off_segment=0.0, seed=8)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact = exact_reference(model, velocity, step_loss, 2)
+    g, _ = run(model, velocity, step_loss, t, mode)
+    assert rel_err(g, g_exact) <= 1e-12
+
+
+def test_ablate_discards_middle_signals():
+    model = NonlinearVelocity(seed=9)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.2, seed=10)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg")
+    g_ablate, _ = run(model, velocity, step_loss, t, "ablate")
+    assert rel_err(g_ablate, g_jagg) > 1e-2
+    # ablate = J_0ᵀ s_0 + J_{W−1}ᵀ s_{W−1}
+    w = len(t)
+    j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, w - 1)
+    ref = j0.T @ upstream(step_loss, velocity, 0) + j1.T @ upstream(step_loss, velocity, w - 1)
+    assert rel_err(g_ablate, ref) <= 1e-12
+
+
+def test_accumulates_into_existing_grads_like_backward():
+    model = NonlinearVelocity(seed=11)
+    t, zs = segment_group(UNEVEN_T, seed=12)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_once, _ = run(model, velocity, step_loss, t, "jagg")
+    group_backward(velocity, step_loss, t, "jagg")  # on top of the grads already there
+    assert rel_err(flat_grad(model), 2 * g_once) <= 1e-14
+
+
+# --- counts and graph lifetimes ----------------------------------------------------------------------------------
+
+
+class CountingVelocity:
+    """Wraps a velocity fn, recording the grad mode of each call; counts backward calls via a tensor hook."""
+
+    def __init__(self, velocity):
+        self.velocity = velocity
+        self.calls: list[tuple[int, bool]] = []
+
+    def __call__(self, j):
+        self.calls.append((j, torch.is_grad_enabled()))
+        return self.velocity(j)
+
+
+@pytest.mark.parametrize(
+    "mode,variant,grad_fwd,nograd_fwd,backwards",
+    [("exact", "joint", 6, 0, 6), ("jagg", "joint", 2, 4, 1), ("jagg", "sequential", 2, 4, 2),
+     ("ablate", "joint", 2, 4, 1), ("ablate", "sequential", 2, 4, 2)],
+)
+def test_forward_and_backward_counts(mode, variant, grad_fwd, nograd_fwd, backwards, monkeypatch):
+    model = AffineVelocity()
+    t, zs = segment_group(UNEVEN_T)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    counting = CountingVelocity(velocity)
+    n_backward = []
+    real_backward = torch.autograd.backward
+    monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: (n_backward.append(1), real_backward(*a, **k)))
+    model.zero_grad(set_to_none=True)
+    stats = group_backward(counting, step_loss, t, mode, variant)
+    with_grad = [j for j, g in counting.calls if g]
+    without = [j for j, g in counting.calls if not g]
+    assert (len(with_grad), len(without), len(n_backward)) == (grad_fwd, nograd_fwd, backwards)
+    assert (stats.grad_forwards, stats.nograd_forwards, stats.backward_calls) == (grad_fwd, nograd_fwd, backwards)
+    if mode != "exact":
+        assert sorted(with_grad) == [0, 5] and sorted(without) == [1, 2, 3, 4]  # the middle really runs no_grad
+
+
+def test_sequential_frees_the_first_graph_before_the_last_forward():
+    model = AffineVelocity()
+    t, zs = segment_group(UNEVEN_T)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    saved: dict[int, list[weakref.ref]] = {}
+    current = {"j": None}
+    alive_at_forward: dict[int, int] = {}
+
+    class Saved:  # a box per saved tensor, so its lifetime can be watched with a weakref
+        def __init__(self, x):
+            self.x = x
+
+    def pack(x):
+        box = Saved(x)
+        saved.setdefault(current["j"], []).append(weakref.ref(box))
+        return box
+
+    def unpack(box):
+        return box.x
+
+    def watched(j):
+        if torch.is_grad_enabled():
+            alive_at_forward[j] = sum(r() is not None for refs in saved.values() for r in refs)
+        current["j"] = j
+        return velocity(j)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        group_backward(watched, step_loss, t, "jagg", "sequential")
+    assert saved[0], "the endpoint forward saved tensors for backward"
+    assert alive_at_forward[5] == 0  # nothing of step 0's graph survives when step W−1 is forwarded
+    # the joint variant, by contrast, holds both graphs at once
+    saved.clear()
+    alive_at_forward.clear()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        group_backward(watched, step_loss, t, "jagg", "joint")
+    assert alive_at_forward[5] > 0
+
+
+def test_a_clipped_step_has_zero_signal_and_contributes_nothing():
+    model = NonlinearVelocity(seed=13)
+    t, zs = segment_group([900.0, 600.0, 300.0], seed=14)
+    velocity, _ = ppo_problem(model, t, zs)
+    # Old log-probs far below the current ones: ratio ≫ 1 + ε with positive advantages → clipped, s_j = 0.
+    from jagg_core import ppo_step_loss, sde_step_with_logprob
+
+    sig = t / 1000.0
+    batch = zs[0].shape[0]
+    adv = torch.ones(batch, dtype=torch.float64)
+    with torch.no_grad():
+        steps = [sde_step_with_logprob(zs[j], velocity(j), float(sig[j]), float(sig[j]) * 0.8, noise_level=0.7,
+                                       generator=torch.Generator().manual_seed(j)) for j in range(3)]
+
+    def loss_with(clipped_step):
+        def step_loss(j, v):
+            step = sde_step_with_logprob(zs[j], v, float(sig[j]), float(sig[j]) * 0.8, noise_level=0.7,
+                                         prev_sample=steps[j].prev_sample)
+            old = steps[j].log_prob - (10.0 if j == clipped_step else 0.0)
+            return ppo_step_loss(step.log_prob, old, adv, clip_range=0.2).loss
+        return step_loss
+
+    s1 = upstream(loss_with(1), velocity, 1)
+    assert torch.count_nonzero(s1) == 0
+    g_with, _ = run(model, velocity, loss_with(1), t, "jagg")
+
+    def without_middle(j, v):  # the same group with step 1's loss removed altogether
+        return loss_with(None)(j, v) * (0.0 if j == 1 else 1.0)
+
+    g_without, _ = run(model, velocity, without_middle, t, "jagg")
+    assert rel_err(g_with, g_without) <= 1e-14
+
+
+# --- K anchors and velocity reuse --------------------------------------------------------------------------------
+
+
+def test_two_anchors_is_jagg_and_w_anchors_is_exact():
+    model = NonlinearVelocity(seed=15)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.3, seed=16)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg")
+    g_k2, _ = run(model, velocity, step_loss, t, "jagg", anchors=2)
+    assert rel_err(g_k2, g_jagg) == 0.0
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    for variant in ("joint", "sequential"):
+        g_kw, stats = run(model, velocity, step_loss, t, "jagg", variant, anchors=len(t))
+        assert rel_err(g_kw, g_exact) <= 1e-12
+        assert stats.nograd_forwards == 0 and stats.grad_forwards == len(t)
+
+
+def test_piecewise_theorem1_three_anchors():
+    """A model affine on each piece with inputs on each piece's segment: K = 3 anchors are exact, K = 2 are not."""
+    anchors = anchor_positions(len(UNEVEN_T), 3)  # (0, 2, 5)
+    model = PiecewiseAffineVelocity(t_knot=UNEVEN_T[anchors[1]], seed=17)
+    t, zs = piecewise_segment_group(UNEVEN_T, anchors, seed=18)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    g_k3, stats = run(model, velocity, step_loss, t, "jagg", anchors=3)
+    assert stats.grad_forwards == 3 and stats.nograd_forwards == 3
+    assert rel_err(g_k3, g_exact) <= 1e-10
+    g_k2, _ = run(model, velocity, step_loss, t, "jagg", anchors=2)
+    assert rel_err(g_k2, g_exact) > 1e-3
+
+
+def test_reused_middle_velocities_give_the_same_gradient_without_middle_forwards():
+    model = NonlinearVelocity(seed=20)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.3, seed=21)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    with torch.no_grad():
+        kept = {j: velocity(j) for j in range(len(t))}
+    g_ref, _ = run(model, velocity, step_loss, t, "jagg")
+    counting = CountingVelocity(velocity)
+    g_reuse, stats = run(model, counting, step_loss, t, "jagg", middle_velocity=kept.get)
+    assert rel_err(g_reuse, g_ref) <= 1e-12
+    assert stats.nograd_forwards == 0 and stats.reused_velocities == len(t) - 2
+    assert sorted(j for j, _ in counting.calls) == [0, len(t) - 1]
