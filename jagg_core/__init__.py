@@ -20,7 +20,7 @@ from .jagg import (
 )
 from .loss import PpoStepLoss, ppo_step_loss
 from .schedules import Schedule, flow_match_schedule, resolution_mu, shift_sigmas
-from .sde import SDE_KINDS, SdeStep, sde_step_with_logprob
+from .sde import SDE_KINDS, SdeStep, randn, sde_step_with_logprob
 
 __all__ = [
     "MODES",
@@ -42,6 +42,7 @@ __all__ = [
     "interpolation_weights",
     "jagg_frac_from_cosines",
     "plan_groups",
+    "randn",
     "ppo_step_loss",
     "resolution_mu",
     "sde_step_with_logprob",

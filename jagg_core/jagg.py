@@ -165,7 +165,8 @@ class GroupStats:
     variant: str
     window: int
     loss: float = 0.0  # Σ_j of the values step_loss returned
-    grad_forwards: int = 0  # velocity calls with autograd recording
+    grad_forwards: int = 0  # step velocities computed with autograd recording
+    forward_calls: int = 0  # policy calls (a batched anchor forward is one call for several steps)
     nograd_forwards: int = 0  # velocity calls under no_grad
     reused_velocities: int = 0  # middle velocities taken from middle_velocity instead of a forward
     backward_calls: int = 0  # torch.autograd.backward calls (transformer backward passes)
@@ -194,6 +195,8 @@ def group_backward(
     *,
     anchors: int = 2,
     middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
+    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
+    before_backward: Callable[[bool], None] | None = None,
 ) -> GroupStats:
     """Accumulate the group's GRPO gradient into the parameters' ``.grad``, like ``loss.backward()``.
 
@@ -208,6 +211,10 @@ def group_backward(
         anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
         middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
             rollout while the policy is unchanged); None falls back to a no-grad forward.
+        velocity_batch: ``[j, ...] -> [v_j, ...]`` in ONE policy call (e.g. the anchors concatenated along the batch):
+            the joint variant then builds a single graph, so FSDP all-gathers each module once in its backward.
+        before_backward: called with ``last`` before each backward call (``last`` for the group's final one); a
+            data-parallel caller uses it to synchronise gradients only once.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
@@ -225,14 +232,20 @@ def group_backward(
             extras.setdefault(k, []).append(x)
         return s
 
+    def backward(outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
+        if before_backward is not None:
+            before_backward(last)
+        torch.autograd.backward(outputs, grads)
+        stats.backward_calls += 1
+
     if mode == "exact" or w < 2:
         # The baseline: every step forwards with grad and backwards on its own (at most one graph alive).
         stats.mode = "exact"
         for j in range(w):
             v = velocity(j)
             stats.grad_forwards += 1
-            torch.autograd.backward(v, signal(j, v).to(v.dtype))
-            stats.backward_calls += 1
+            stats.forward_calls += 1
+            backward([v], [signal(j, v).to(v.dtype)], last=j == w - 1)
             del v
     else:
         pos = anchor_positions(w, anchors)
@@ -257,29 +270,31 @@ def group_backward(
                 with torch.no_grad():
                     v = velocity(j)
                 stats.nograd_forwards += 1
+                stats.forward_calls += 1
             else:
                 stats.reused_velocities += 1
             accumulate(j, signal(j, v))
             del v
 
         if variant == "joint":
-            outputs = []
-            for k, j in enumerate(pos):
-                v = velocity(j)
-                stats.grad_forwards += 1
+            if velocity_batch is not None:
+                outputs = list(velocity_batch(pos))
+                stats.forward_calls += 1
+            else:
+                outputs = [velocity(j) for j in pos]
+                stats.forward_calls += len(pos)
+            stats.grad_forwards += len(pos)
+            for j, v in zip(pos, outputs):
                 accumulate(j, signal(j, v))
-                outputs.append(v)
-            grads = [s.to(v.dtype) for s, v in zip(s_anchor, outputs)]
-            torch.autograd.backward(outputs, grads)
-            stats.backward_calls += 1
-            del outputs, grads
+            backward(outputs, [s.to(v.dtype) for s, v in zip(s_anchor, outputs)], last=True)
+            del outputs
         else:
             for k, j in enumerate(pos):
                 v = velocity(j)
                 stats.grad_forwards += 1
+                stats.forward_calls += 1
                 accumulate(j, signal(j, v))
-                torch.autograd.backward(v, s_anchor[k].to(v.dtype))
-                stats.backward_calls += 1
+                backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
                 s_anchor[k] = None
                 del v  # the graph of this anchor is freed before the next anchor's forward
     stats.extras = {k: sum(x) / len(x) for k, x in extras.items()}

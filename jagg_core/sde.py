@@ -19,11 +19,11 @@ Conventions (ARCHITECTURE §1): ``z`` at noise level ``σ``, velocity ``v = ε �
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 
-__all__ = ["SdeStep", "sde_step_with_logprob", "SDE_KINDS"]
+__all__ = ["SdeStep", "randn", "sde_step_with_logprob", "SDE_KINDS"]
 
 SDE_KINDS = ("flow_grpo", "dance_grpo")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -34,6 +34,22 @@ class SdeStep(NamedTuple):
     log_prob: torch.Tensor  # (B,) log N(prev_sample; mean, std²) averaged over non-batch dims
     mean: torch.Tensor  # (B, ...) μ, differentiable in v
     std: torch.Tensor  # (B, 1, ...) broadcastable standard deviation of the step
+
+
+def randn(
+    shape: Sequence[int],
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
+    """Standard normal noise drawn on the generator's device, then moved; a list draws sample i from generator i."""
+    if generator is None or isinstance(generator, torch.Generator):
+        src = generator.device if generator is not None else device
+        return torch.randn(tuple(shape), generator=generator, dtype=dtype, device=src).to(device)
+    if len(generator) != shape[0]:
+        raise ValueError(f"got {len(generator)} generators for a batch of {shape[0]}.")
+    return torch.cat([randn((1, *shape[1:]), g, dtype=dtype, device=device) for g in generator])
 
 
 def _per_sample(x: float | torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -55,7 +71,7 @@ def sde_step_with_logprob(
     noise_level: float,
     kind: str = "flow_grpo",
     prev_sample: torch.Tensor | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> SdeStep:
     """Sample (``prev_sample=None``) or re-score one SDE step from ``z`` at ``sigma`` to ``sigma_next``.
 
@@ -66,7 +82,8 @@ def sde_step_with_logprob(
         noise_level: Flow-GRPO's ``a`` or DanceGRPO's ``η``; 0 gives the ODE step.
         kind: ``"flow_grpo"`` or ``"dance_grpo"``.
         prev_sample: (B, ...) a stored next latent to score instead of sampling.
-        generator: RNG for the sampled noise.
+        generator: RNG for the sampled noise, or one generator per sample (as diffusers' ``randn_tensor``), which
+            makes each sample's noise independent of how samples are batched or split over processes.
     """
     if kind not in SDE_KINDS:
         raise ValueError(f"kind must be one of {SDE_KINDS}, got {kind!r}.")
@@ -101,8 +118,7 @@ def sde_step_with_logprob(
         std = noise_level * torch.sqrt(-dt)
 
     if prev_sample is None:
-        noise_device = generator.device if generator is not None else z.device
-        noise = torch.randn(z_.shape, generator=generator, dtype=dtype, device=noise_device).to(z.device)
+        noise = randn(z_.shape, generator, dtype=dtype, device=z.device)
         sample = mean.detach() + std * noise
     else:
         if prev_sample.shape != z.shape:

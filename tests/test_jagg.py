@@ -408,3 +408,26 @@ def test_reused_middle_velocities_give_the_same_gradient_without_middle_forwards
     assert rel_err(g_reuse, g_ref) <= 1e-12
     assert stats.nograd_forwards == 0 and stats.reused_velocities == len(t) - 2
     assert sorted(j for j, _ in counting.calls) == [0, len(t) - 1]
+
+
+def test_batched_anchor_forward_is_one_call_with_the_same_gradient():
+    model = NonlinearVelocity(seed=22)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.3, seed=23)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_ref, _ = run(model, velocity, step_loss, t, "jagg")
+    calls = []
+
+    def velocity_batch(js):
+        calls.append(tuple(js))
+        b = zs[0].shape[0]
+        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
+        return list(v.split(b))
+
+    lasts = []
+    g, stats = run(model, velocity, step_loss, t, "jagg", velocity_batch=velocity_batch, before_backward=lasts.append)
+    assert rel_err(g, g_ref) <= 1e-12
+    assert calls == [(0, 5)] and stats.forward_calls == 1 + 4 and stats.grad_forwards == 2
+    assert lasts == [True]
+    lasts.clear()
+    run(model, velocity, step_loss, t, "exact", before_backward=lasts.append)
+    assert lasts == [False] * 5 + [True]

@@ -118,3 +118,15 @@ def test_bad_arguments_are_refused(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         sde_step_with_logprob(z, v, args.pop("sigma"), args.pop("sigma_next"), **args)
+
+
+def test_per_sample_generators_make_noise_independent_of_batching():
+    z, v = _inputs()
+    gens = lambda: [torch.Generator().manual_seed(100 + i) for i in range(4)]  # noqa: E731
+    whole = sde_step_with_logprob(z, v, 0.7, 0.5, noise_level=0.8, generator=gens())
+    g = gens()
+    halves = [sde_step_with_logprob(z[i : i + 2], v[i : i + 2], 0.7, 0.5, noise_level=0.8, generator=g[i : i + 2])
+              for i in (0, 2)]
+    assert torch.equal(whole.prev_sample, torch.cat([h.prev_sample for h in halves]))
+    with pytest.raises(ValueError, match="generators"):
+        sde_step_with_logprob(z, v, 0.7, 0.5, noise_level=0.8, generator=gens()[:3])
