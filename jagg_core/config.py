@@ -85,6 +85,12 @@ class WorldConfig(_Section):
     seed: int = Field(0, description="seed of the prompt splits")
 
 
+class DataConfig(_Section):
+    train_prompts: str | None = Field(
+        None, description="training prompts (.txt, one per line, or .jsonl with 'prompt') for real profiles"
+    )
+
+
 class PretrainConfig(_Section):
     """Flow-matching pretraining of the toy-flux base model."""
 
@@ -95,6 +101,8 @@ class PretrainConfig(_Section):
     caption_noise: float = Field(0.3, ge=0, le=1, description="probability that a caption is imperfect")
     seed: int = Field(0, description="seed")
     time_budget_s: float | None = Field(None, gt=0, description="stop early after this many seconds")
+    logit_mean: float = Field(0.0, description="sigma ~ sigmoid(N(logit_mean, logit_std)); > 0 favours high noise")
+    logit_std: float = Field(1.0, gt=0, description="spread of the logit-normal sigma sampling")
     patch_size: int = Field(4, ge=1, description="pixels per token side (packed-pixel tokens)")
     num_layers: int = Field(2, ge=1, description="double-stream Flux blocks")
     num_single_layers: int = Field(4, ge=0, description="single-stream Flux blocks")
@@ -103,6 +111,9 @@ class PretrainConfig(_Section):
     text_hidden_size: int = Field(64, ge=8, description="text encoder width")
     text_layers: int = Field(2, ge=1, description="text encoder layers")
     max_text_length: int = Field(24, ge=4, description="tokens per prompt")
+    prediction: Literal["x0", "velocity"] = Field("x0", description="what the transformer outputs (x0: v = (z - x0)/sigma)")
+    caption_dropout: float = Field(0.1, ge=0, lt=1, description="share of empty captions (the unconditional model)")
+    guidance_scale: float = Field(3.0, ge=1, description="classifier-free guidance of the saved model (1 = off)")
 
 
 class SampleConfig(_Section):
@@ -253,6 +264,7 @@ class Params(_Section):
 
     profile: str = "toy"
     model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     sample: SampleConfig = Field(default_factory=SampleConfig)

@@ -18,6 +18,7 @@ alive at a time, for memory).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -170,7 +171,14 @@ class GroupStats:
     nograd_forwards: int = 0  # velocity calls under no_grad
     reused_velocities: int = 0  # middle velocities taken from middle_velocity instead of a forward
     backward_calls: int = 0  # torch.autograd.backward calls (transformer backward passes)
+    backward_seconds: float = 0.0  # wall time inside those calls
     extras: dict[str, float] = field(default_factory=dict)  # mean over steps of step_loss's extra stats
+
+
+def _clock(like: torch.Tensor) -> float:
+    if like.is_cuda:  # kernels are asynchronous: wait for them so the time is the backward's own
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter()
 
 
 def _upstream(step_loss: StepLoss, j: int, v: torch.Tensor) -> tuple[torch.Tensor, float, dict[str, float]]:
@@ -235,7 +243,9 @@ def group_backward(
     def backward(outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
         if before_backward is not None:
             before_backward(last)
+        t0 = _clock(outputs[0])
         torch.autograd.backward(outputs, grads)
+        stats.backward_seconds += _clock(outputs[0]) - t0
         stats.backward_calls += 1
 
     if mode == "exact" or w < 2:

@@ -8,3 +8,54 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _ci_params(root: Path):
+    from jagg_core.config import load_params
+
+    return load_params(root / "params.yaml", "ci")
+
+
+@pytest.fixture(scope="session")
+def ci_base(tmp_path_factory) -> Path:
+    """A project root with the ci profile's prompts and pretrained base model (built once per session)."""
+    from jagg_core.paths import Layout
+    from tasks.prepare import prepare
+    from tasks.pretrain import pretrain
+
+    root = tmp_path_factory.mktemp("ci_base")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    params = _ci_params(root)
+    lay = Layout(root, "ci")
+    prepare(params, lay)
+    pretrain(params, lay, progress=False)
+    return root
+
+
+@pytest.fixture
+def ci_project(ci_base, tmp_path) -> Path:
+    """A fresh copy of :func:`ci_base` that a test may train in."""
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    return root
+
+
+def run_module(module: str, *args: str, root: Path, env: dict | None = None, timeout: float = 600):
+    """``python -m <module> args`` in ``root`` with the repo importable; returns the CompletedProcess."""
+    import os
+
+    e = dict(os.environ)
+    e.update({"JAGG_ROOT": str(root), "PYTHONPATH": str(REPO)})
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=e, capture_output=True, text=True,
+                          timeout=timeout)

@@ -72,6 +72,8 @@ def build_toy_flux(
     text_hidden_size: int = 64,
     text_layers: int = 2,
     max_text_length: int = 24,
+    prediction: str = "x0",
+    guidance_scale: float = 1.0,
     seed: int = 0,
 ):
     """Fresh (random) transformer, text encoder and tokenizer of the toy policy."""
@@ -110,7 +112,10 @@ def build_toy_flux(
         guidance_embeds=False,
         axes_dims_rope=(d // 4, 3 * d // 8, 3 * d // 8),
     )
-    geometry = {"image_size": image_size, "patch_size": patch_size, "max_text_length": max_text_length}
+    if prediction not in ("x0", "velocity"):
+        raise PolicyError(f"prediction must be 'x0' or 'velocity', got {prediction!r}.")
+    geometry = {"image_size": image_size, "patch_size": patch_size, "max_text_length": max_text_length,
+                "prediction": prediction, "guidance_scale": guidance_scale}
     return transformer, text_encoder, tokenizer, geometry
 
 
@@ -132,6 +137,8 @@ class ToyFluxPolicy(Policy):
         self.image_size = int(geometry["image_size"])
         self.patch_size = int(geometry["patch_size"])
         self.max_text_length = int(geometry["max_text_length"])
+        self.prediction = geometry.get("prediction", "velocity")
+        self.guidance_scale = float(geometry.get("guidance_scale", 1.0))
         side = self.image_size // self.patch_size
         rows, cols = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
         # Flux position ids: (0, row, col) per image token, zeros per text token.
@@ -146,18 +153,27 @@ class ToyFluxPolicy(Policy):
         return flow_match_schedule(num_steps, shift=1.0, spacing="flux")
 
     @torch.no_grad()
-    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+    def _encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = self.tokenizer(
             list(prompts), padding="max_length", max_length=self.max_text_length, truncation=True,
             return_tensors="pt",
         ).input_ids.to(self.device)
         out = self.text_encoder(input_ids=ids)
-        return PromptEmbeds(
-            {"prompt_embeds": out.last_hidden_state.to(self.dtype), "pooled": out.pooler_output.to(self.dtype)}
-        )
+        return out.last_hidden_state.to(self.dtype), out.pooler_output.to(self.dtype)
 
-    def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
-        out = self.transformer(
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+        embeds, pooled = self._encode(prompts)
+        tensors = {"prompt_embeds": embeds, "pooled": pooled}
+        if self.guidance_scale != 1.0:  # the empty prompt is the unconditional branch (trained by caption dropout)
+            neg, neg_pooled = self._encode([""])
+            tensors["negative_prompt_embeds"] = neg.expand_as(embeds)
+            tensors["negative_pooled"] = neg_pooled.expand_as(pooled)
+        return PromptEmbeds(tensors)
+
+    def predict(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        """The transformer's raw output: the clean sample x̂₀ (prediction "x0") or the velocity."""
+        return self.transformer(
             hidden_states=latents.to(self.dtype),
             encoder_hidden_states=embeds.tensors["prompt_embeds"],
             pooled_projections=embeds.tensors["pooled"],
@@ -166,7 +182,24 @@ class ToyFluxPolicy(Policy):
             txt_ids=self.txt_ids,
             return_dict=False,
         )[0]
-        return out
+
+    def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        t = embeds.tensors
+        if self.guidance_scale != 1.0:
+            # Classifier-free guidance in one batched call: [conditional; unconditional].
+            both = PromptEmbeds({"prompt_embeds": torch.cat([t["prompt_embeds"], t["negative_prompt_embeds"]]),
+                                 "pooled": torch.cat([t["pooled"], t["negative_pooled"]])})
+            cond, uncond = self.predict(torch.cat([latents, latents]), torch.cat([timesteps, timesteps]),
+                                        both).float().chunk(2)
+            out = uncond + self.guidance_scale * (cond - uncond)
+        else:
+            out = self.predict(latents, timesteps, embeds).float()
+        if self.prediction == "velocity":
+            return out
+        # x0-prediction (a skip connection as in EDM's preconditioning): with z = (1 − σ)·x₀ + σ·ε and v = ε − x₀,
+        # v = (z − x₀)/σ. The tiny network then only has to draw the clean image; the noise passes through z.
+        sigma = (timesteps.float() / self.num_train_timesteps).clamp_min(1e-3).view(-1, *([1] * (latents.ndim - 1)))
+        return (latents.float() - out) / sigma
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
@@ -201,6 +234,11 @@ def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype,
     for rel in ("toy_flux.json", "transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json"):
         _require(folder, rel)
     geometry = json.loads((folder / "toy_flux.json").read_text())
+    unknown = set(options) - {"lora", "guidance_scale"}
+    if unknown:
+        raise PolicyError(f"unknown toy-flux option(s) {sorted(unknown)}; toy-flux takes lora and guidance_scale.")
+    if "guidance_scale" in options:
+        geometry["guidance_scale"] = float(options["guidance_scale"])
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")
     if len(tokenizer) <= len(SPECIALS):
         raise PolicyError(f"the tokenizer in {folder / 'tokenizer'} loaded empty; rebuild it with `jagg pretrain`.")

@@ -1,0 +1,40 @@
+"""Objects built from the params: the device, the policy (with LoRA) and the training reward."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import Params
+from .paths import Layout
+
+__all__ = ["DTYPES", "pick_device", "policy_from_params", "reward_from_params"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def pick_device(params: Params) -> torch.device:
+    """``resources.device``: cpu, cuda, or auto (cuda when one is visible)."""
+    want = params.resources.device
+    if want == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("resources.device is 'cuda' but no CUDA device is visible; set it to 'auto' or 'cpu'.")
+    return torch.device("cuda" if want != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def policy_from_params(params: Params, layout: Layout, device: torch.device):
+    """The policy of ``params.model`` (the toy base model defaults to the pretrain stage's output)."""
+    from .policies import load_policy
+
+    options = dict(params.model.options)
+    lora = params.model.lora
+    if lora.rank > 0:
+        options["lora"] = {"rank": lora.rank, "alpha": lora.alpha or lora.rank, "dropout": lora.dropout,
+                           "target_modules": list(lora.target_modules)}
+    path = params.model.path or (str(layout.base_model) if params.is_toy else None)
+    return load_policy(params.model.backbone, path, device=device, dtype=DTYPES[params.model.dtype], options=options)
+
+
+def reward_from_params(params: Params):
+    """The weighted training reward of ``params.reward``."""
+    from .rewards import make_weighted_reward
+
+    return make_weighted_reward(params.reward.weights, params.reward.options)

@@ -1,0 +1,61 @@
+"""Where every stage reads and writes, per profile (the same layout for dvc.yaml, the flows and the CLI)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Layout", "run_name", "parse_run_name"]
+
+_RUN = re.compile(r"^(?P<method>[a-z0-9][a-z0-9_-]*)-s(?P<seed>\d+)$")
+
+
+def run_name(method: str, seed: int) -> str:
+    """The name of one training run: ``<method>-s<seed>``."""
+    return f"{method}-s{seed}"
+
+
+def parse_run_name(name: str) -> tuple[str, int]:
+    m = _RUN.match(name)
+    if not m:
+        raise ValueError(f"{name!r} is not a run name of the form <method>-s<seed>.")
+    return m.group("method"), int(m.group("seed"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    profile: str
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "data" / self.profile / "prompts"
+
+    @property
+    def train_prompts(self) -> Path:
+        return self.prompts / "train.jsonl"
+
+    @property
+    def benchmark(self) -> Path:
+        return self.prompts / "benchmark"
+
+    @property
+    def base_model(self) -> Path:
+        return self.root / "models" / self.profile / "base"
+
+    def checkpoints(self, run: str) -> Path:
+        return self.root / "checkpoints" / self.profile / run
+
+    def run_dir(self, run: str) -> Path:
+        return self.root / "runs" / self.profile / run
+
+    def curve(self, run: str) -> Path:
+        return self.run_dir(run) / "curve.tsv"
+
+    def eval_dir(self, run: str) -> Path:
+        return self.root / "eval" / self.profile / run
+
+    @property
+    def report_dir(self) -> Path:
+        return self.root / "reports" / self.profile

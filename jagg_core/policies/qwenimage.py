@@ -1,0 +1,180 @@
+"""Qwen-Image as a policy: diffusers' QwenImagePipeline denoising step with true CFG and its norm rescale.
+
+Prompts are encoded by the Qwen2.5-VL text encoder through the pipeline's own template; their lengths differ, so
+``encode_prompts`` pads every prompt to ``max_sequence_length`` with a mask (batches then concatenate), and
+``velocity`` trims the padding no prompt of its batch uses before calling the transformer (masked tokens are never
+attended to, so this changes nothing but cost). The conditional and the negative-prompt halves run as one batched
+call (one forward per ``velocity``, as DDP wants), then combine as the pipeline does:
+``v = v_neg + w (v_cond − v_neg)``, rescaled per token to the norm of ``v_cond``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ..schedules import Schedule
+from .base import Policy, PromptEmbeds, register_backbone
+from .diffusers_common import (
+    MODEL,
+    SCHEDULER,
+    TOKENIZER,
+    check_image_size,
+    check_model_dir,
+    freeze,
+    load_component,
+    load_scheduler_config,
+    load_text_encoders,
+    pipeline_schedule,
+    prepare_transformer,
+    read_config,
+    read_options,
+    resolve_model_dir,
+    to_unit_images,
+)
+from .flux import unpack_latents
+
+__all__ = ["QwenImagePolicy"]
+
+HUB_ID = "Qwen/Qwen-Image"
+COMPONENTS = {
+    "scheduler": SCHEDULER,
+    "text_encoder": MODEL,
+    "tokenizer": TOKENIZER,
+    "transformer": MODEL,
+    "vae": MODEL,
+}
+DEFAULTS: dict[str, Any] = {
+    "height": 512,  # pixels; a multiple of 16
+    "width": 512,
+    "guidance_scale": 4.0,  # the pipeline's true_cfg_scale; <= 1 turns CFG off
+    "negative_prompt": " ",  # the negative prompt of Qwen-Image's examples
+    "max_sequence_length": 512,  # text tokens after the template (QwenImagePipeline's default)
+    "lora": None,  # {rank, alpha, target_modules, dropout}; None or rank 0: full fine-tune
+    "gradient_checkpointing": False,
+}
+
+
+def _pad(embeds: torch.Tensor, mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L, D), (B, L) or None → (B, length, D) zero-padded and its (B, length) long mask."""
+    b, n, d = embeds.shape
+    if mask is None:  # the pipeline drops an all-ones mask
+        mask = torch.ones(b, n, dtype=torch.long, device=embeds.device)
+    padded = embeds.new_zeros(b, length, d)
+    padded[:, :n] = embeds
+    full_mask = mask.new_zeros(b, length)
+    full_mask[:, :n] = mask
+    return padded, full_mask
+
+
+class QwenImagePolicy(Policy):
+    """Qwen-Image transformer (trained) + Qwen2.5-VL text encoder and 3-D VAE (frozen)."""
+
+    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
+        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+
+        opts = read_options(options, DEFAULTS, backbone="qwenimage")
+        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+        vae_scale = 2 ** len(read_config(folder, "vae")["temperal_downsample"])
+        check_image_size(opts["height"], opts["width"], vae_scale * 2)  # before minutes of loading
+        self.height, self.width = opts["height"], opts["width"]
+        self.latent_h, self.latent_w = 2 * (self.height // (vae_scale * 2)), 2 * (self.width // (vae_scale * 2))
+        self.scheduler_config = load_scheduler_config(folder)
+        self.device, self.dtype = device, dtype
+        self.guidance_scale = float(opts["guidance_scale"])
+        self.do_cfg = self.guidance_scale > 1
+        self.negative_prompt = str(opts["negative_prompt"])
+        self.max_sequence_length = int(opts["max_sequence_length"])
+        self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        self.encoders = load_text_encoders(
+            QwenImagePipeline, folder, tokenizers=("tokenizer",), device=device, dtype=dtype, hub_id=HUB_ID
+        )
+        self.vae = freeze(load_component(AutoencoderKLQwenImage, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
+        transformer = load_component(QwenImageTransformer2DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
+        self.latent_channels = transformer.config.in_channels // 4
+        self.transformer = prepare_transformer(
+            transformer.to(device), lora=opts["lora"], gradient_checkpointing=bool(opts["gradient_checkpointing"])
+        )
+        # The last block's text-stream output is discarded, so its output projection and text MLP never get a
+        # gradient; freezing them lets DDP run without find_unused_parameters.
+        last = f"transformer_blocks.{transformer.config.num_layers - 1}."
+        for name, p in self.transformer.named_parameters():
+            if last in name and (".attn.to_add_out." in name or ".txt_mlp." in name):
+                p.requires_grad_(False)
+
+        self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, -1, 1, 1, 1)
+        self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, -1, 1, 1, 1)
+
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        embeds, mask = self.encoders.encode_prompt(
+            prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
+        )
+        return _pad(embeds.to(self.dtype), mask, self.max_sequence_length)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+        embeds, mask = self._encode(list(prompts))  # (B, max_sequence_length, D), (B, max_sequence_length)
+        tensors = {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
+        if self.do_cfg:
+            if self._negative is None:  # the same for every prompt: encoded once
+                self._negative = self._encode([self.negative_prompt])
+            neg, neg_mask = self._negative
+            b = len(prompts)
+            tensors["negative_prompt_embeds"] = neg.expand(b, -1, -1)
+            tensors["negative_prompt_embeds_mask"] = neg_mask.expand(b, -1)
+        return PromptEmbeds(tensors)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return ((self.latent_h // 2) * (self.latent_w // 2), self.latent_channels * 4)
+
+    def schedule(self, num_steps: int) -> Schedule:
+        image_seq_len = (self.latent_h // 2) * (self.latent_w // 2)
+        return pipeline_schedule(self.scheduler_config, num_steps, image_seq_len=image_seq_len, spacing="flux")
+
+    def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        b = latents.shape[0]
+        x = latents.to(self.device, self.dtype)
+        # QwenImagePipeline: timestep cast to the latents' dtype, then t/1000.
+        t = timesteps.to(device=self.device, dtype=torch.float32).expand(b).to(self.dtype) / 1000
+        text = embeds.tensors["prompt_embeds"].to(self.device)
+        mask = embeds.tensors["prompt_embeds_mask"].to(self.device)
+        if self.do_cfg:  # conditional half first, then the negative prompt
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            text = torch.cat([text, embeds.tensors["negative_prompt_embeds"].to(self.device)])
+            mask = torch.cat([mask, embeds.tensors["negative_prompt_embeds_mask"].to(self.device)])
+        # Valid tokens come first: keep the longest prompt of the batch; a full mask is dropped, as the pipeline does.
+        length = int(mask.sum(dim=1).max())
+        text, mask = text[:, :length], mask[:, :length]
+        out = self.transformer(
+            hidden_states=x,
+            timestep=t,
+            encoder_hidden_states=text,
+            encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+            img_shapes=[[(1, self.latent_h // 2, self.latent_w // 2)]] * x.shape[0],
+            return_dict=False,
+        )[0].float()  # (B or 2B, tokens, 4C); the guidance arithmetic is upcast
+        if not self.do_cfg:
+            return out
+        cond, uncond = out.chunk(2)
+        combined = uncond + self.guidance_scale * (cond - uncond)
+        return combined * (cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        # Packed exactly as Flux; the VAE is a video VAE: one frame.
+        latents = unpack_latents(latents.to(self.device), self.latent_h, self.latent_w).unsqueeze(2)  # (B, C, 1, h, w)
+        mean = self.latents_mean.to(latents.device, latents.dtype)
+        std = self.latents_std.to(latents.device, latents.dtype)
+        latents = latents * std + mean
+        image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0][:, :, 0]  # (B, 3, H, W)
+        return to_unit_images(image)
+
+
+@register_backbone("qwenimage")
+def build_qwenimage(
+    path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]
+) -> Policy:
+    return QwenImagePolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

@@ -1,0 +1,286 @@
+"""The comparison report: image grids (prompt × method), reward and evaluation curves, the speed table.
+
+Reads what the stages wrote — ``eval/<profile>/<run>/metrics.json`` and images, ``runs/<profile>/<run>/curve.tsv`` —
+and writes ``reports/<profile>/{index.html, README.md, *.png, summary.json}``. Nothing here trains or samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .config import Params
+from .paths import Layout, run_name
+from .trainer.logging import atomic_write_bytes, atomic_write_text
+
+__all__ = ["build_report", "read_curve", "speed_table", "cost_model_speedup"]
+
+
+def read_curve(path: Path) -> list[dict[str, float]]:
+    if not path.exists():
+        return []
+    rows = csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")
+    return [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in rows]
+
+
+def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x == x]
+    if not xs:
+        return float("nan"), float("nan")
+    return statistics.fmean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
+
+
+def cost_model_speedup(window: int, *, grad_forwards: float, nograd_forwards: float) -> float:
+    """Ideal update-stage speedup over exact from the cost model (forward 1, backward 2) and the forward counts.
+
+    Exact costs 3 per trained step; a method with ``grad_forwards`` with-grad and ``nograd_forwards`` no-grad
+    forwards costs ``3·grad + nograd`` (backward work scales with the graphs, not the calls). For the paper's JAGG
+    this is 3W/(W + 4); with rollout-velocity reuse, W/2.
+    """
+    steps = grad_forwards + nograd_forwards + 0.0
+    cost = 3 * grad_forwards + nograd_forwards
+    return 3 * steps / cost if cost else float("nan")
+
+
+@dataclass
+class _Run:
+    method: str
+    seed: int
+    curve: list[dict[str, float]]
+    eval: dict[str, Any] | None
+
+
+def _load_runs(params: Params, lay: Layout) -> list[_Run]:
+    runs = []
+    for method in params.run.methods:
+        for seed in params.run.seeds:
+            name = run_name(method, seed)
+            mf = lay.eval_dir(name) / "metrics.json"
+            runs.append(_Run(method, seed, read_curve(lay.curve(name)),
+                             json.loads(mf.read_text()) if mf.exists() else None))
+    return runs
+
+
+def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
+    """Per method: mean iteration / update / backward time (first iteration excluded as warm-up), speedups."""
+    rows = []
+    by_method: dict[str, list[dict[str, float]]] = {}
+    for r in runs:
+        by_method.setdefault(r.method, []).extend(r.curve[1:] if len(r.curve) > 1 else r.curve)
+    base = by_method.get(next((m for m in by_method if params.methods[m].mode == "exact"), ""), [])
+
+    def mean(rows_: list[dict[str, float]], key: str) -> float:
+        return _mean_std([x[key] for x in rows_ if key in x])[0]
+
+    for method, curve in by_method.items():
+        m = params.method(method)
+        row = {"method": method, "mode": m.mode, "window": m.window, "jagg_frac": m.jagg_frac,
+               "anchors": m.anchors, "iterations": len(curve)}
+        for key in ("time/iteration", "time/rollout", "time/update", "time/backward"):
+            row[key] = mean(curve, key)
+        row["backward_calls"] = mean(curve, "train/backward_calls")
+        grad_f, nograd_f = mean(curve, "train/grad_forwards"), mean(curve, "train/nograd_forwards")
+        row["ideal_update_speedup"] = cost_model_speedup(m.window, grad_forwards=grad_f, nograd_forwards=nograd_f)
+        if base:
+            row["update_speedup"] = mean(base, "time/update") / row["time/update"]
+            row["iteration_speedup"] = mean(base, "time/iteration") / row["time/iteration"]
+            row["measured_over_ideal"] = (row["update_speedup"] - 1) / (row["ideal_update_speedup"] - 1) if (
+                row["ideal_update_speedup"] > 1) else float("nan")
+        rows.append(row)
+    return rows
+
+
+def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base_point: float | None = None,
+                 from_eval: bool = False) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    drawn = False
+    colours = {}
+    for r in runs:
+        pts = ([(p["step"], p[key]) for p in r.eval["curve"] if key in p] if from_eval and r.eval else
+               [(row["iteration"], row[key]) for row in r.curve if key in row])
+        if base_point is not None and from_eval:
+            pts = [(0, base_point)] + [p for p in pts if p[0] != 0]
+        if not pts:
+            continue
+        c = colours.setdefault(r.method, f"C{len(colours)}")
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, color=c, alpha=0.9, label=r.method if r.seed == min(x.seed for x in runs if x.method ==
+                r.method) else None, marker="o" if from_eval else None, markersize=3)
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return False
+    ax.set_title(title)
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return True
+
+
+def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_style: int = 2) -> list[str]:
+    """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step."""
+    import torch
+
+    from .evaluation.benchmark import image_path, load_image
+    from .sampling import image_grid
+
+    columns: list[tuple[str, Path]] = []
+    base = lay.eval_dir("base") / "metrics.json"
+    if base.exists():
+        columns.append(("base", lay.root / json.loads(base.read_text())["images"]))
+    seen = set()
+    for r in runs:
+        if r.eval and r.method not in seen:
+            seen.add(r.method)
+            columns.append((f"{r.method} @{r.eval['step']}", lay.root / r.eval["images"]))
+    if not columns:
+        return []
+    scores = (columns[0][1].parent / "scores.jsonl").read_text().splitlines()
+    rows = [json.loads(x) for x in scores]
+    picked = [x for x in rows if x["index"] < per_style]
+    images, captions = [], []
+    for x in picked:
+        for title, root in columns:
+            images.append(load_image(image_path(root, x["style"], x["index"])))
+            captions.append(x["prompt"] if title == columns[0][0] else "")
+    grid = image_grid(torch.stack(images), captions, ncols=len(columns), scale=6,
+                      col_titles=[t for t, _ in columns], caption_width=40)
+    buf = io.BytesIO()
+    grid.save(buf, format="PNG")
+    atomic_write_bytes(out, buf.getvalue())
+    return [t for t, _ in columns]
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    if isinstance(x, float):
+        return "–" if math.isnan(x) else f"{x:.{digits}f}"
+    return str(x)
+
+
+def build_report(params: Params, lay: Layout) -> dict[str, Any]:
+    """Write the report of ``params.profile``; returns its summary (also ``summary.json``)."""
+    out = lay.report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    runs = _load_runs(params, lay)
+    base_mf = lay.eval_dir("base") / "metrics.json"
+    base = json.loads(base_mf.read_text()) if base_mf.exists() else None
+    metrics = list(params.eval.metrics)
+
+    # Final evaluation per method: mean ± std over seeds of the benchmark score.
+    final = []
+    for method in params.run.methods:
+        row = {"method": method}
+        for m in metrics:
+            vals = [r.eval["metrics"][m]["benchmark"] for r in runs if r.method == method and r.eval]
+            row[m] = _mean_std(vals)
+            row["seeds"] = len(vals)
+        final.append(row)
+    speed = speed_table(params, runs)
+
+    figures = {}
+    for key, title, name in [("reward/mean", "training reward (mean over the rollout batch)", "reward.png")]:
+        if _plot_curves(runs, key, title, out / name):
+            figures["reward"] = name
+    for m in metrics:
+        bp = base["metrics"][m]["benchmark"] if base else None
+        if _plot_curves(runs, f"eval/{m}", f"evaluation: {m} (test set)", out / f"eval-{m}.png", base_point=bp,
+                        from_eval=True):
+            figures[f"eval/{m}"] = f"eval-{m}.png"
+    grid_columns = _grid(params, lay, runs, out / "grid.png")
+    if grid_columns:
+        figures["grid"] = "grid.png"
+
+    summary = {"profile": params.profile, "final": final, "speed": speed, "figures": figures,
+               "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
+               "grid_columns": grid_columns}
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    atomic_write_text(out / "README.md", _markdown(params, summary))
+    atomic_write_text(out / "index.html", _html(params, summary))
+    return summary
+
+
+def _final_table(summary: dict, metrics: Sequence[str]) -> list[list[str]]:
+    head = ["method", "seeds"] + metrics
+    rows = [head]
+    if summary["base"]:
+        rows.append(["base model (step 0)", "–"] + [_fmt(summary["base"][m]) for m in metrics])
+    for r in summary["final"]:
+        rows.append([r["method"], str(r.get("seeds", 0))] +
+                    [f"{_fmt(r[m][0])} ± {_fmt(r[m][1])}" for m in metrics])
+    return rows
+
+
+def _speed_rows(summary: dict) -> list[list[str]]:
+    rows = [["method", "mode", "W", "jagg_frac", "s/iteration", "update s", "backward s", "backward calls",
+             "update speedup", "ideal (cost model)", "measured/ideal gain", "iteration speedup"]]
+    for r in summary["speed"]:
+        rows.append([r["method"], r["mode"], str(r["window"]), _fmt(r["jagg_frac"], 2), _fmt(r["time/iteration"], 2),
+                     _fmt(r["time/update"], 2), _fmt(r["time/backward"], 2), _fmt(r["backward_calls"], 1),
+                     _fmt(r.get("update_speedup", float("nan")), 2) + "×",
+                     _fmt(r["ideal_update_speedup"], 2) + "×", _fmt(r.get("measured_over_ideal", float("nan")), 2),
+                     _fmt(r.get("iteration_speedup", float("nan")), 2) + "×"])
+    return rows
+
+
+def _md_table(rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])] +
+                     ["| " + " | ".join(r) + " |" for r in rows[1:]]) + "\n"
+
+
+def _markdown(params: Params, summary: dict) -> str:
+    metrics = list(params.eval.metrics)
+    parts = [f"# jagg report — profile `{params.profile}`\n",
+             "Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation, same seeds, "
+             "same rollouts budget.\n",
+             "## Final evaluation (test set, benchmark protocol; mean ± std over seeds)\n",
+             _md_table(_final_table(summary, metrics)),
+             "## Speed (per iteration; update = forward + backward on stored experience)\n",
+             _md_table(_speed_rows(summary)),
+             "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
+             "for JAGG with no-grad middle steps, W/2 with rollout-velocity reuse. 'measured/ideal gain' is "
+             "(measured − 1)/(ideal − 1).\n"]
+    for key, name in summary["figures"].items():
+        parts.append(f"## {key}\n\n![{key}]({name})\n")
+    return "\n".join(parts)
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html(params: Params, summary: dict) -> str:
+    metrics = list(params.eval.metrics)
+    figs = "".join(f"<h2>{html.escape(k)}</h2><img src=\"{html.escape(v)}\" alt=\"{html.escape(k)}\">"
+                   for k, v in summary["figures"].items())
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>jagg report — {html.escape(params.profile)}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
+th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max-width:100%}}</style></head>
+<body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
+<p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
+<h2>Final evaluation (mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}
+<h2>Speed per iteration</h2>{_html_table(_speed_rows(summary))}
+<p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
+{figs}
+</body></html>
+"""

@@ -1,0 +1,90 @@
+"""CLIPScore (Hessel et al. 2021): the reward ``clipscore``.
+
+CLIP through ``transformers`` (the same loading path as PickScore), by default OpenAI's ViT-B/32
+(``openai/clip-vit-base-patch32``), the model Hessel et al. use; its folder holds both weights and processor.
+
+- the reward = the raw cosine of the L2-normalised image and prompt embeddings;
+- ``info["clipscore"]`` = Hessel et al.'s ``CLIP-S = 2.5 * max(cos, 0)`` (Eq. 1, w = 2.5), for evaluation.
+
+Hessel et al. score captions as ``"A photo depicts " + caption``; text-to-image evaluation usually scores the prompt
+itself, so ``prefix`` defaults to none; set ``prefix: "A photo depicts"`` to reproduce their setting exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .base import RewardFn, register_reward
+from .clip_models import (
+    Published,
+    check_batch_size,
+    check_inputs,
+    chunks,
+    hf_clip_cosine,
+    load_hf_clip,
+    parse_dtype,
+    to_pil_images,
+)
+
+__all__ = ["CLIPSCORE_MODEL", "CLIPSCORE_W", "make_clipscore"]
+
+CLIPSCORE_MODEL = "openai/clip-vit-base-patch32"
+CLIPSCORE_W = 2.5  # Hessel et al.'s w, which stretches typical cosines (~0.2-0.4) towards [0, 1]
+_OPTIONS = "reward.options.clipscore"
+
+
+@register_reward("clipscore")
+def make_clipscore(
+    model: str = CLIPSCORE_MODEL,
+    processor: str | None = None,
+    prefix: str = "",
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 16,
+) -> RewardFn:
+    """Build the CLIPScore reward.
+
+    Args:
+        model: a CLIP model folder (config.json + weights), or its hub id looked up in the local HF cache only.
+        processor: the processor folder or hub id (tokenizer + image processor config); default: ``model``'s.
+        prefix: text put before every prompt (Hessel et al.: ``"A photo depicts"``); a space is added after it.
+        device: where the model runs.
+        dtype: the model's precision: ``float32``, ``bfloat16`` or ``float16``; cosines are computed in float32.
+        batch_size: images per forward pass.
+
+    Returns:
+        ``fn(images, prompts, metadata) -> (rewards, info)``: rewards (B,) float32 = the cosine;
+        info: ``clipscore`` (B,) = ``2.5 * max(cos, 0)``.
+    """
+    torch_dtype = parse_dtype(dtype, f"{_OPTIONS}.dtype")
+    batch_size = check_batch_size(batch_size, f"{_OPTIONS}.batch_size")
+    clip, tokenizer, image_processor = load_hf_clip(
+        model,
+        model if processor is None else processor,
+        model_published=Published(
+            what="the CLIPScore model", option=f"{_OPTIONS}.model", download=f"the Hugging Face repo {CLIPSCORE_MODEL}"
+        ),
+        processor_published=Published(
+            what="the CLIPScore processor",
+            option=f"{_OPTIONS}.processor",
+            download=f"the Hugging Face repo {CLIPSCORE_MODEL}",
+        ),
+    )
+    clip = clip.to(device=device, dtype=torch_dtype)
+    lead = prefix.rstrip() + " " if prefix.strip() else ""
+
+    @torch.no_grad()
+    def fn(
+        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        check_inputs(images, prompts)
+        pil = to_pil_images(images)
+        texts = [lead + p for p in prompts]
+        cos = torch.empty(len(pil), dtype=torch.float32)
+        for part in chunks(len(pil), batch_size):
+            cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], texts[part]).cpu()
+        return cos, {"clipscore": CLIPSCORE_W * cos.clamp(min=0)}
+
+    return fn

@@ -1,0 +1,90 @@
+"""PickScore (Kirstain et al. 2023, "Pick-a-Pic"): the reward ``pickscore``.
+
+PickScore_v1 (HF repo ``yuvalkirstain/PickScore_v1``) is CLIP-H fine-tuned on Pick-a-Pic preferences, used with the
+CLIP-H processor (``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``), both through ``transformers``.
+
+Scales, as PickScore's reference code and Flow-GRPO's ``pickscore_scorer``:
+- ``info["score"]`` = ``logit_scale.exp() * cos`` -- PickScore as published (~18-24 on real images; logit scale
+  ~100), what evaluation reports;
+- ``info["cos"]`` = the raw cosine of the L2-normalised image and prompt embeddings;
+- the reward = ``score / 26``, Flow-GRPO's normalisation to roughly [0, 1] (~0.7-0.9 on real images), so its
+  advantages and KL weights carry over.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from .base import RewardFn, register_reward
+from .clip_models import (
+    Published,
+    check_batch_size,
+    check_inputs,
+    chunks,
+    hf_clip_cosine,
+    load_hf_clip,
+    parse_dtype,
+    to_pil_images,
+)
+
+__all__ = ["PICKSCORE_MODEL", "PICKSCORE_NORM", "PICKSCORE_PROCESSOR", "make_pickscore"]
+
+PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
+PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
+PICKSCORE_NORM = 26.0  # Flow-GRPO's pickscore_scorer divides by 26
+_OPTIONS = "reward.options.pickscore"
+
+
+@register_reward("pickscore")
+def make_pickscore(
+    model: str = PICKSCORE_MODEL,
+    processor: str = PICKSCORE_PROCESSOR,
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 16,
+) -> RewardFn:
+    """Build the PickScore reward.
+
+    Args:
+        model: the PickScore_v1 folder (config.json + weights), or its hub id looked up in the local HF cache only.
+        processor: the CLIP-H processor folder (tokenizer + image processor config), or its hub id, cache only.
+        device: where the model runs.
+        dtype: the model's precision: ``float32``, ``bfloat16`` or ``float16``; cosines are computed in float32.
+        batch_size: images per forward pass.
+
+    Returns:
+        ``fn(images, prompts, metadata) -> (rewards, info)``: rewards (B,) float32 = ``score / 26``;
+        info: ``score`` (B,) = ``logit_scale.exp() * cos``, ``cos`` (B,).
+    """
+    torch_dtype = parse_dtype(dtype, f"{_OPTIONS}.dtype")
+    batch_size = check_batch_size(batch_size, f"{_OPTIONS}.batch_size")
+    clip, tokenizer, image_processor = load_hf_clip(
+        model,
+        processor,
+        model_published=Published(
+            what="the PickScore model", option=f"{_OPTIONS}.model", download=f"the Hugging Face repo {PICKSCORE_MODEL}"
+        ),
+        processor_published=Published(
+            what="the PickScore processor",
+            option=f"{_OPTIONS}.processor",
+            download=f"the Hugging Face repo {PICKSCORE_PROCESSOR}",
+        ),
+    )
+    clip = clip.to(device=device, dtype=torch_dtype)
+    logit_scale = float(clip.logit_scale.float().exp())
+
+    @torch.no_grad()
+    def fn(
+        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        check_inputs(images, prompts)
+        pil = to_pil_images(images)
+        cos = torch.empty(len(pil), dtype=torch.float32)
+        for part in chunks(len(pil), batch_size):
+            cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], prompts[part]).cpu()
+        score = logit_scale * cos  # (B,)
+        return score / PICKSCORE_NORM, {"score": score, "cos": cos}
+
+    return fn

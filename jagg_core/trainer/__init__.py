@@ -1,0 +1,23 @@
+"""The GRPO trainer: rollouts, rewards, the exact / JAGG / ablate update, checkpoints, logging."""
+
+from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
+from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve
+from .loop import TrainingError, TrainResult, read_prompts, train
+from .rollout import Trajectory, rollout
+
+__all__ = [
+    "CheckpointError",
+    "MetricLogger",
+    "MultiLogger",
+    "NullLogger",
+    "TrainResult",
+    "Trajectory",
+    "TrainingError",
+    "TsvCurve",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "read_prompts",
+    "rollout",
+    "save_checkpoint",
+    "train",
+]

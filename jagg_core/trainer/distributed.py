@@ -1,0 +1,102 @@
+"""Data parallelism for the update stage: gradients are synchronised once per optimizer step, whatever the method.
+
+PyTorch's DDP decides at *forward* time whether a backward will all-reduce, and its reducer marks each parameter
+ready once per backward: the joint JAGG variant (two anchor forwards, one backward over both graphs) breaks both
+assumptions. So data-parallel training here keeps the module unwrapped, accumulates local gradients over every
+backward call of the optimizer step, and averages them with one coalesced all-reduce (DDP's bucketed semantics,
+without its forward-time bookkeeping). Under FSDP2 (``fully_shard``) the reduce-scatter happens inside backward;
+gradient sync is switched on only for the last backward call of the optimizer step.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["GradSync", "NoSync", "AllReduceSync", "Fsdp2Sync", "make_grad_sync", "shard_transformer"]
+
+
+class GradSync:
+    """How gradients of one optimizer step are synchronised across processes."""
+
+    all_reduces: int = 0  # collective calls issued by reduce() in the current optimizer step
+
+    def start_step(self) -> None:
+        self.all_reduces = 0
+
+    def before_backward(self, last: bool) -> None:
+        """Called before each backward call; ``last`` for the final one of the optimizer step."""
+
+    def reduce(self, params: Iterable[torch.nn.Parameter]) -> None:
+        """Called once after all backward calls of the optimizer step."""
+
+
+class NoSync(GradSync):
+    """One process."""
+
+
+class AllReduceSync(GradSync):
+    """Average the accumulated gradients over processes with coalesced all-reduces of ≤ ``bucket_mb`` each."""
+
+    def __init__(self, world_size: int, bucket_mb: float = 25.0):
+        self.world_size = world_size
+        self.bucket_bytes = int(bucket_mb * 2**20)
+
+    def reduce(self, params: Iterable[torch.nn.Parameter]) -> None:
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:  # a parameter this rank never used still takes part in the sum
+                p.grad = torch.zeros_like(p)
+        buckets: list[list[torch.nn.Parameter]] = [[]]
+        size = 0
+        for p in params:
+            nbytes = p.grad.numel() * p.grad.element_size()
+            if buckets[-1] and (size + nbytes > self.bucket_bytes or p.grad.dtype != buckets[-1][0].grad.dtype):
+                buckets.append([])
+                size = 0
+            buckets[-1].append(p)
+            size += nbytes
+        for bucket in buckets:
+            if not bucket:
+                continue
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+            dist.all_reduce(flat)
+            self.all_reduces += 1
+            flat /= self.world_size
+            offset = 0
+            for p in bucket:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                offset += n
+
+
+class Fsdp2Sync(GradSync):
+    """FSDP2: reduce-scatter only in the last backward call of the optimizer step (accumulate unsharded before)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+        self.final_group = False  # set by the trainer before the optimizer step's last group
+
+    def before_backward(self, last: bool) -> None:
+        self.module.set_requires_gradient_sync(bool(last and self.final_group))
+
+
+def shard_transformer(transformer: torch.nn.Module) -> torch.nn.Module:
+    """``fully_shard`` every transformer block (Flux, SD3, Qwen-Image block lists), then the root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for name in ("transformer_blocks", "single_transformer_blocks"):
+        for block in getattr(transformer, name, []):
+            fully_shard(block)
+    fully_shard(transformer)
+    return transformer
+
+
+def make_grad_sync(strategy: str, world_size: int, module: torch.nn.Module) -> GradSync:
+    if world_size == 1:
+        return NoSync()
+    if strategy == "fsdp":
+        return Fsdp2Sync(module)
+    return AllReduceSync(world_size)

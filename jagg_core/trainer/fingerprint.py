@@ -1,0 +1,38 @@
+"""A run's fingerprint: a digest of everything that determines its training (not how long or how it is logged).
+
+A checkpoint records the fingerprint of the run that wrote it. Resuming requires the same fingerprint, so raising
+``train.iterations`` continues a finished run, while changing e.g. ``train.lr`` or the base model starts it over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ..config import Params
+from ..paths import Layout
+
+__all__ = ["run_fingerprint"]
+
+# Fields that change how long a run goes or what it logs, not what it computes.
+_IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every"}
+
+
+def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:
+    base_card = layout.base_model / "card.json"
+    tree = {
+        "model": params.model.model_dump(mode="json"),
+        "base_model": hashlib.sha256(base_card.read_bytes()).hexdigest() if base_card.exists() else None,
+        "sample": params.sample.model_dump(mode="json"),
+        "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in _IGNORED_TRAIN},
+        "method": params.method(method).model_dump(mode="json"),
+        "reward": params.reward.model_dump(mode="json"),
+        "prompts": _digest(layout.train_prompts),
+        "seed": seed,
+    }
+    return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None

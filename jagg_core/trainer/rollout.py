@@ -1,0 +1,120 @@
+"""Rollouts: G images per prompt sampled with the SDE, stored compactly with their log-probs.
+
+Two recipes (``sample.recipe``):
+- ``dance_grpo``: SDE on every step, every step trainable (DanceGRPO); the update may train a random subset of
+  whole groups (``timestep_fraction``).
+- ``flow_grpo_fast``: SDE inside a window of ``sde_window_size`` steps whose start is drawn from
+  ``sde_window_range``, ODE elsewhere; only the window is trained (Flow-GRPO-Fast).
+
+Every random draw comes from a generator seeded by (seed, iteration, global image index), so a rollout does not depend
+on how images are batched or split over processes, and a resumed run repeats it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..config import SampleConfig
+from ..policies.base import Policy, PromptEmbeds
+from ..sampling import denoise, seeded_generators
+
+__all__ = ["Trajectory", "rollout", "derive_seed", "choose_train_steps"]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed mixing integers (splitmix64), for independent per-(seed, iteration, index) streams."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+    return x & 0x7FFFFFFFFFFFFFFF
+
+
+@dataclass
+class Trajectory:
+    """One process's share of an iteration's rollout (B = local prompts × G images)."""
+
+    prompts: list[str]  # (P,) local prompts, each once
+    embeds: PromptEmbeds  # (P, ...) their encodings, once per prompt
+    prompt_index: torch.Tensor  # (B,) row of each image in prompts / embeds
+    group_ids: torch.Tensor  # (B,) global prompt index: the advantage group
+    latents: torch.Tensor  # (B, T + 1, *latent) z_0 .. z_T, float32
+    log_probs: torch.Tensor  # (B, T) rollout log-probs (0 on ODE steps)
+    sigmas: torch.Tensor  # (T + 1,)
+    timesteps: torch.Tensor  # (T,) network timesteps
+    train_steps: list[int]  # trained (SDE) steps in denoising order
+    images: torch.Tensor  # (B, 3, H, W) in [0, 1]
+    velocities: dict[int, torch.Tensor] = field(default_factory=dict)  # step -> (B, *latent) rollout velocity
+    policy_version: int = 0  # optimizer steps taken before this rollout
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.latents.shape[0])
+
+    def image_embeds(self, index: torch.Tensor | Sequence[int]) -> PromptEmbeds:
+        return self.embeds[self.prompt_index[torch.as_tensor(index, dtype=torch.long)]]
+
+
+def choose_train_steps(cfg: SampleConfig, generator: torch.Generator) -> list[int]:
+    if cfg.recipe == "dance_grpo":
+        return list(range(cfg.num_steps))
+    lo, hi = cfg.sde_window_range
+    start = int(torch.randint(lo, hi, (1,), generator=generator))
+    return list(range(start, start + cfg.sde_window_size))
+
+
+@torch.no_grad()
+def rollout(
+    policy: Policy,
+    prompts: Sequence[str],
+    global_prompt_ids: Sequence[int],
+    cfg: SampleConfig,
+    *,
+    seed: int,
+    iteration: int,
+    keep_velocities: bool = False,
+    policy_version: int = 0,
+) -> Trajectory:
+    """Sample G = ``cfg.group_size`` images for each local prompt."""
+    g_size = cfg.group_size
+    p = len(prompts)
+    embeds = policy.encode_prompts(list(prompts))
+    prompt_index = torch.arange(p).repeat_interleave(g_size)  # (B,)
+    group_ids = torch.as_tensor(list(global_prompt_ids), dtype=torch.long).repeat_interleave(g_size)
+    train_steps = choose_train_steps(cfg, torch.Generator().manual_seed(derive_seed(seed, iteration, -1)))
+    levels = [cfg.noise_level if j in train_steps else 0.0 for j in range(cfg.num_steps)]
+    image_ids = [int(gid) * g_size + k for gid in global_prompt_ids for k in range(g_size)]
+    gens = seeded_generators([derive_seed(seed, iteration, i) for i in image_ids])
+    if cfg.shared_noise:  # the G images of a prompt share z_0 and differ by the SDE noise only (DanceGRPO)
+        noise = torch.cat([policy.initial_noise(1, gens[k * g_size]).expand(g_size, *policy.latent_shape())
+                           for k in range(p)])
+    else:
+        noise = torch.cat([policy.initial_noise(1, g) for g in gens])
+    keep = train_steps if keep_velocities else []
+    parts = []
+    for i in range(0, len(image_ids), cfg.batch_size):
+        sl = slice(i, i + cfg.batch_size)
+        parts.append(
+            denoise(policy, noise[sl], embeds[prompt_index[sl]], cfg.num_steps, noise_level=levels,
+                    sde_kind=cfg.sde_kind, generators=gens[sl], keep_velocities=keep)
+        )
+    latents = torch.cat([d.latents for d in parts])
+    sched = policy.schedule(cfg.num_steps)
+    return Trajectory(
+        prompts=list(prompts),
+        embeds=embeds,
+        prompt_index=prompt_index,
+        group_ids=group_ids,
+        latents=latents,
+        log_probs=torch.cat([d.log_probs for d in parts]),
+        sigmas=sched.sigmas,
+        timesteps=sched.timesteps,
+        train_steps=train_steps,
+        images=torch.cat([policy.decode(d.latents[:, -1]) for d in parts]).cpu(),
+        velocities={j: torch.cat([d.velocities[j] for d in parts]) for j in keep},
+        policy_version=policy_version,
+    )

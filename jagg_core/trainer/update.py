@@ -1,0 +1,155 @@
+"""The update stage: the method's backward over stored experience, then one optimizer step (per chunk).
+
+``plan_groups`` cuts the trained steps into groups of W and routes them (exact / jagg / ablate); for each micro-batch
+of images, :func:`jagg_core.group_backward` accumulates each group's gradient. Per-step losses are scaled so that the
+accumulated gradient is that of ``mean_images mean_steps L_j`` over the chunk, whatever the method, micro-batching or
+number of processes. The trainer differs between methods only in the ``mode`` handed to ``group_backward``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..config import ResolvedMethod, SampleConfig, TrainConfig
+from ..jagg import Group, group_backward, plan_groups
+from ..loss import ppo_step_loss
+from ..policies.base import Policy
+from ..sde import sde_step_with_logprob
+from .distributed import Fsdp2Sync, GradSync
+from .rollout import Trajectory
+
+__all__ = ["UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns"]
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    grad_forwards: int = 0
+    nograd_forwards: int = 0
+    reused_velocities: int = 0
+    forward_calls: int = 0
+    backward_calls: int = 0
+    backward_seconds: float = 0.0
+    extras: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, other) -> None:
+        """Add another UpdateStats or a GroupStats."""
+        for k in ("loss", "grad_forwards", "nograd_forwards", "reused_velocities", "forward_calls", "backward_calls",
+                  "backward_seconds"):
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        for k, v in other.extras.items():
+            self.extras.setdefault(k, []).extend(v if isinstance(v, list) else [v])
+
+
+def plan_update(traj: Trajectory, method: ResolvedMethod, sample: SampleConfig, jagg_frac: float,
+                generator: torch.Generator) -> list[Group]:
+    """The groups trained this iteration (DanceGRPO's timestep_fraction picks whole groups)."""
+    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
+    return plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
+                       generator=generator)
+
+
+def make_step_fns(
+    policy: Policy,
+    traj: Trajectory,
+    images: torch.Tensor,
+    advantages: torch.Tensor,
+    steps: Sequence[int],
+    *,
+    sample: SampleConfig,
+    train: TrainConfig,
+    scale: float,
+    autocast: Callable[[], object],
+):
+    """(velocity, velocity_batch, step_loss, middle_velocity) over the group ``steps`` for the image rows ``images``."""
+    embeds = traj.image_embeds(images)
+    n = len(images)
+    device = policy.device
+    latents = traj.latents[images]  # (n, T + 1, *latent)
+    adv = advantages[images].to(device)
+
+    def inputs(j: int):
+        step = steps[j]
+        return latents[:, step].to(device), traj.timesteps[step].to(device, torch.float32).expand(n)
+
+    def velocity(j: int) -> torch.Tensor:
+        z, t = inputs(j)
+        with autocast():
+            return policy.velocity(z, t, embeds)
+
+    def velocity_batch(js: Sequence[int]) -> list[torch.Tensor]:
+        zs, ts = zip(*(inputs(j) for j in js))
+        with autocast():
+            v = policy.velocity(torch.cat(zs), torch.cat(ts), type(embeds).cat([embeds] * len(js)))
+        return list(v.split(n))
+
+    def step_loss(j: int, v: torch.Tensor):
+        step = steps[j]
+        z = latents[:, step].to(device)
+        nxt = latents[:, step + 1].to(device)
+        res = sde_step_with_logprob(z, v, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
+                                    noise_level=sample.noise_level, kind=sample.sde_kind, prev_sample=nxt)
+        ref_mean = None
+        if train.beta > 0:
+            with torch.no_grad(), policy.reference():
+                zz, t = inputs(j)
+                with autocast():
+                    v_ref = policy.velocity(zz, t, embeds)
+                ref_mean = sde_step_with_logprob(z, v_ref, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
+                                                 noise_level=sample.noise_level, kind=sample.sde_kind,
+                                                 prev_sample=nxt).mean
+        out = ppo_step_loss(res.log_prob, traj.log_probs[images, step].to(device), adv, clip_range=train.clip_range,
+                            mean=res.mean, ref_mean=ref_mean, std=res.std, beta=train.beta)
+        extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
+        return out.loss * scale, extras
+
+    def middle_velocity(j: int):
+        v = traj.velocities.get(steps[j])
+        return None if v is None else v[images].to(device)
+
+    return velocity, velocity_batch, step_loss, middle_velocity
+
+
+def accumulate_gradients(
+    policy: Policy,
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    rows: torch.Tensor,
+    groups: Sequence[Group],
+    method: ResolvedMethod,
+    *,
+    sample: SampleConfig,
+    train: TrainConfig,
+    sync: GradSync,
+    reuse: bool,
+    autocast: Callable[[], object],
+) -> UpdateStats:
+    """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
+
+    Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
+    the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
+    """
+    stats = UpdateStats()
+    n_steps = sum(len(g.steps) for g in groups)
+    local = len(rows)
+    micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
+    for m, mb in enumerate(micro):
+        for k, g in enumerate(groups):
+            if isinstance(sync, Fsdp2Sync):
+                sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
+            velocity, velocity_batch, step_loss, middle_velocity = make_step_fns(
+                policy, traj, mb, advantages, g.steps, sample=sample, train=train,
+                scale=len(mb) / local / n_steps, autocast=autocast,
+            )
+            gs = group_backward(
+                velocity, step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
+                anchors=method.anchors,
+                middle_velocity=middle_velocity if reuse else None,
+                velocity_batch=velocity_batch if method.variant == "joint" else None,
+                before_backward=sync.before_backward,
+            )
+            stats.add(gs)
+    return stats

@@ -1,0 +1,119 @@
+"""Train and test prompt splits, on disk in the layout of the HPSv2.1 benchmark.
+
+``out_dir/train.jsonl`` holds one ``{"prompt": ...}`` per line; ``out_dir/benchmark/<style>.json`` holds a JSON list
+of prompt strings per style (here one style per prompt family), as HPSv2.1's ``benchmark/{anime,...,photo}.json``.
+Writes are atomic and everything is validated before the first byte is written, so a bad input leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .sample import sample_prompt
+from .scene import FAMILIES
+
+__all__ = ["make_prompt_splits", "read_benchmark", "validate_style", "write_prompt_splits"]
+
+_STYLE = re.compile(r"[a-z0-9-]+")
+
+
+def validate_style(style: str) -> str:
+    """``style`` if it is a safe file stem (lower-case letters, digits and '-'), else a ``ValueError``."""
+    if not isinstance(style, str) or not _STYLE.fullmatch(style):
+        raise ValueError(f"style names use only lower-case letters, digits and '-', got {style!r}.")
+    return style
+
+
+def _validate_prompts(prompts: object, where: str) -> list[str]:
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"{where} must be a list of prompt strings, got {type(prompts).__name__}.")
+    for i, p in enumerate(prompts):
+        if not isinstance(p, str):
+            raise ValueError(f"{where} must hold only prompt strings, but item {i} is {type(p).__name__}.")
+    if not prompts:
+        raise ValueError(f"{where} is empty; it needs at least one prompt.")
+    return list(prompts)
+
+
+def make_prompt_splits(seed: int, n_train: int, n_test_per_style: int) -> tuple[list[str], dict[str, list[str]]]:
+    """Distinct random prompts: ``n_test_per_style`` per family (the test styles), then ``n_train`` others.
+
+    No test prompt is in train. The same seed gives the same splits.
+    """
+    if n_train < 1 or n_test_per_style < 1:
+        raise ValueError(f"n_train and n_test_per_style must be positive, got {n_train} and {n_test_per_style}.")
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int, families: Sequence[str], taken: set[str]) -> list[str]:
+        out: dict[str, None] = {}  # insertion-ordered set
+        for _ in range(50 * n + 1000):
+            if len(out) == n:
+                return list(out)
+            prompt = sample_prompt(rng, families[rng.integers(len(families))])
+            if prompt not in taken:
+                out[prompt] = None
+        raise ValueError(f"could not draw {n} distinct {'/'.join(families)} prompts; ask for fewer.")
+
+    test: dict[str, list[str]] = {}
+    for family in FAMILIES:
+        test[family] = draw(n_test_per_style, [family], set())
+    train = draw(n_train, FAMILIES, {p for prompts in test.values() for p in prompts})
+    return train, test
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_prompt_splits(out_dir: str | Path, train: Sequence[str], test: Mapping[str, Sequence[str]]) -> None:
+    """Write ``out_dir/train.jsonl`` and ``out_dir/benchmark/<style>.json``; validated first, each file atomic."""
+    train = _validate_prompts(train, "the train split")
+    if not isinstance(test, Mapping) or not test:
+        raise ValueError("the test split must be a non-empty mapping from style name to prompts.")
+    test = {validate_style(s): _validate_prompts(p, f"test style {s!r}") for s, p in test.items()}
+    leaked = set(train) & set().union(*test.values())
+    if leaked:
+        raise ValueError(f"{len(leaked)} test prompts are also in train, e.g. {sorted(leaked)[0]!r}.")
+
+    out_dir = Path(out_dir)
+    (out_dir / "benchmark").mkdir(parents=True, exist_ok=True)
+    _write_atomic(out_dir / "train.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in train))
+    for style, prompts in test.items():
+        _write_atomic(out_dir / "benchmark" / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
+
+
+def read_benchmark(folder: str | Path, styles: Sequence[str] | None = None) -> dict[str, list[str]]:
+    """The prompts of each style in a benchmark folder (``<style>.json`` files), all of them or only ``styles``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"benchmark folder {str(folder)!r} does not exist.")
+    if styles is None:
+        styles = sorted(p.stem for p in folder.glob("*.json"))
+        if not styles:
+            raise ValueError(f"benchmark folder {str(folder)!r} has no <style>.json files.")
+    out: dict[str, list[str]] = {}
+    for style in styles:
+        path = folder / f"{validate_style(style)}.json"
+        if not path.is_file():
+            raise ValueError(f"benchmark style {style!r} has no file {str(path)!r}.")
+        try:
+            prompts = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"benchmark file {str(path)!r} is not valid JSON ({e}).") from None
+        out[style] = _validate_prompts(prompts, f"benchmark file {str(path)!r}")
+    return out

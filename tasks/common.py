@@ -1,0 +1,132 @@
+"""What every stage entry shares: the repository root, loading params once, one-sentence errors, Prefect logging."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from jagg_core.config import Params, ParamsError, load_params
+from jagg_core.paths import Layout
+
+__all__ = [
+    "ROOT",
+    "ServiceError",
+    "USER_ERRORS",
+    "add_common_args",
+    "cli",
+    "layout",
+    "load",
+    "orchestration_tags",
+    "parse_overrides",
+    "stage_logger",
+    "sweep_id",
+]
+
+ROOT = Path(os.environ.get("JAGG_ROOT", ".")).resolve()
+
+
+class ServiceError(RuntimeError):
+    """A local service (Prefect server, worker, MLflow UI) could not be started or stopped."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The error types whose message is written for the user: printed as one sentence, no traceback."""
+    from jagg_core.evaluation.evaluate import EvalError
+    from jagg_core.policies.base import PolicyError
+    from jagg_core.rewards.base import RewardError
+    from jagg_core.tracking import TrackingError
+    from jagg_core.trainer import CheckpointError, TrainingError
+
+    return (ParamsError, PolicyError, RewardError, EvalError, TrainingError, CheckpointError, TrackingError,
+            ServiceError, FileNotFoundError)
+
+
+USER_ERRORS = _user_errors()
+
+
+def load(profile: str | None = None, params_path: str | os.PathLike | None = None,
+         overrides: dict[str, Any] | None = None) -> Params:
+    """The validated params of ``profile`` (loaded once per entrypoint)."""
+    return load_params(params_path or ROOT / "params.yaml", profile, overrides)
+
+
+def layout(params: Params, root: Path | None = None) -> Layout:
+    return Layout(root or ROOT, params.profile)
+
+
+def sweep_id() -> str:
+    """Groups the runs of one sweep under one MLflow parent run: the Prefect flow run, or ``JAGG_SWEEP``."""
+    return os.environ.get("JAGG_SWEEP", "default")
+
+
+def orchestration_tags() -> dict[str, str]:
+    """MLflow tags saying who ran a stage: the DVC stage and the Prefect flow run, where there is one."""
+    tags = {}
+    if os.environ.get("JAGG_DVC_STAGE"):
+        tags["dvc_stage"] = os.environ["JAGG_DVC_STAGE"]
+    try:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        if ctx and ctx.flow_run:
+            tags["prefect_flow_run_id"] = str(ctx.flow_run.id)
+    except Exception:  # noqa: BLE001  (outside Prefect)
+        pass
+    return tags
+
+
+def stage_logger(name: str) -> logging.Logger:
+    """The Prefect run logger inside a flow or task (so output reaches the Prefect UI), else a plain logger."""
+    try:
+        from prefect.context import FlowRunContext, TaskRunContext
+        from prefect.logging import get_run_logger
+
+        if TaskRunContext.get() or FlowRunContext.get():
+            return get_run_logger()  # type: ignore[return-value]
+    except Exception:  # noqa: BLE001  (no Prefect context, or Prefect not importable)
+        pass
+    logger = logging.getLogger(f"jagg.{name}")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    return logger
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", default=None, help="named profile of params.yaml (default: its `profile` key)")
+    p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a param, e.g. --set train.iterations=5 (YAML value)")
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ParamsError(f"--set {item!r} must look like KEY=VALUE, e.g. train.iterations=5.")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def cli(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Wrap an entry point: user errors become ``jagg: error: <sentence>`` and exit status 1."""
+
+    @functools.wraps(fn)
+    def wrapper(argv: list[str] | None = None) -> int:
+        try:
+            return fn(argv)
+        except USER_ERRORS as e:
+            print(f"jagg: error: {e}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("jagg: interrupted", file=sys.stderr)
+            return 130
+
+    return wrapper

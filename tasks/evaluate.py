@@ -1,0 +1,83 @@
+"""Stage `evaluate@<run>`: ODE samples of a run's checkpoints (or of the base model) on the test set, scored."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefect import task
+
+from jagg_core.config import Params, ParamsError
+from jagg_core.paths import Layout, parse_run_name
+from jagg_core.trainer.fingerprint import run_fingerprint
+
+from .common import add_common_args, cli, layout, load, orchestration_tags, parse_overrides, stage_logger, sweep_id
+
+
+def evaluate(params: Params, lay: Layout, run: str) -> dict:
+    """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
+    from jagg_core.evaluation.evaluate import evaluate_run
+    from jagg_core.sampling import image_grid
+    from jagg_core.tracking import Tracker
+
+    log = stage_logger("evaluate")
+    method, seed = (None, None) if run == "base" else parse_run_name(run)
+    key = "base" if run == "base" else run_fingerprint(params, lay, method, seed)
+    tracker = Tracker(params, lay.root)
+    run_id = tracker.child_run(sweep_id(), run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    logger = tracker.logger(run_id)
+    result = evaluate_run(params, lay, run, logger=logger)
+    # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
+    n = params.eval.num_images_logged
+    if n:
+        from jagg_core.evaluation.benchmark import image_path, load_image
+
+        prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
+        for point in result["curve"]:
+            root = lay.eval_dir(run) / "steps" / f"{point['step']:06d}" / "images"
+            images = [load_image(image_path(root, s, i)) for s, i, _ in prompts]
+            if images:
+                import torch
+
+                logger.log_image(image_grid(torch.stack(images), [p for _, _, p in prompts], ncols=4), "eval",
+                                 point["step"])
+    tracker.log_artifact(run_id, lay.eval_dir(run) / "metrics.json", "eval")
+    main = {k: v["benchmark"] for k, v in result["metrics"].items()}
+    log.info("%s at step %d: %s", run, result["step"], ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
+    return result
+
+
+def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, list[str]]:
+    import json
+
+    out = {}
+    for line in (lay.root / result["images"]).parent.joinpath("scores.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if row["index"] < per_style:
+            out.setdefault(row["style"], []).append(row["prompt"])
+    return out
+
+
+@task(name="evaluate", retries=1)
+def evaluate_task(params: Params, run: str) -> dict:
+    return evaluate(params, layout(params), run)
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jagg evaluate", description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    ap.add_argument("--run", required=True, help="<method>-s<seed> (e.g. jagg-s0), or base for the base model")
+    args = ap.parse_args(argv)
+    params = load(args.profile, args.params, parse_overrides(args.overrides))
+    if args.run != "base":
+        try:
+            params.method(parse_run_name(args.run)[0])
+        except ValueError as e:
+            raise ParamsError(str(e)) from None
+    evaluate(params, layout(params), args.run)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Stage `prepare`: the prompt sets — train.jsonl and the test set as benchmark/<style>.json.
+
+The toy profile generates both from the world's grammar; real profiles copy their training prompts
+(``data.train_prompts``) and the HPSv2.1 benchmark (``eval.benchmark`` or the HF cache) into the same layout, so
+every later stage reads one format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from prefect import task
+
+from jagg_core.config import Params, ParamsError
+from jagg_core.paths import Layout
+from jagg_core.trainer.logging import atomic_write_text
+
+from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
+
+
+def prepare(params: Params, lay: Layout) -> dict:
+    """Write ``data/<profile>/prompts/{train.jsonl, benchmark/<style>.json}``; returns a summary."""
+    log = stage_logger("prepare")
+    if params.is_toy:
+        from jagg_core.world import make_prompt_splits, write_prompt_splits
+
+        w = params.world
+        train, test = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style)
+        write_prompt_splits(lay.prompts, train, test)
+    else:
+        from jagg_core.evaluation import load_hps_benchmark
+        from jagg_core.trainer import read_prompts
+
+        if not params.data.train_prompts:
+            raise ParamsError(
+                f"profile {params.profile}: data.train_prompts is not set; point it at a .txt or .jsonl file of "
+                f"training prompts (e.g. Flow-GRPO's dataset/pickscore/train.txt)."
+            )
+        train = read_prompts(params.data.train_prompts)
+        test = load_hps_benchmark(params.eval.benchmark)
+        atomic_write_text(lay.train_prompts, "".join(json.dumps({"prompt": p}) + "\n" for p in train))
+        for style, prompts in test.items():
+            atomic_write_text(lay.benchmark / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
+    summary = {"train": len(train), "test": {s: len(p) for s, p in test.items()}, "dir": str(lay.prompts)}
+    log.info("prompts: %d train, test %s -> %s", summary["train"], summary["test"], lay.prompts)
+    return summary
+
+
+@task(name="prepare")
+def prepare_task(params: Params) -> dict:
+    return prepare(params, layout(params))
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jagg prepare", description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    args = ap.parse_args(argv)
+    params = load(args.profile, args.params, parse_overrides(args.overrides))
+    prepare(params, layout(params))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

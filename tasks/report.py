@@ -1,0 +1,62 @@
+"""Stage `report`: image grids, curves and the speed table into reports/<profile>/, logged to MLflow."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from prefect import task
+
+from jagg_core.config import Params
+from jagg_core.paths import Layout
+
+from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger, sweep_id
+
+
+def report(params: Params, lay: Layout) -> dict:
+    """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
+    from jagg_core.report import build_report
+    from jagg_core.tracking import Tracker
+
+    log = stage_logger("report")
+    summary = build_report(params, lay)
+    tracker = Tracker(params, lay.root)
+    parent = tracker.sweep_run(sweep_id())
+    tracker.log_artifact(parent, lay.report_dir, "report")
+    log.info("report: %s", lay.report_dir / "index.html")
+    _prefect_artifact(lay)
+    return summary
+
+
+def _prefect_artifact(lay: Layout) -> None:
+    """Inside a flow, the report's README becomes a Prefect markdown artifact (linked from the flow run)."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        if not (FlowRunContext.get() or TaskRunContext.get()):
+            return
+        md = (lay.report_dir / "README.md").read_text()
+        md += f"\n\nFull report: `{lay.report_dir / 'index.html'}`\n"
+        create_markdown_artifact(md, key=f"jagg-report-{lay.profile}".replace("_", "-"), description="jagg report")
+    except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect link)
+        stage_logger("report").warning("could not create the Prefect artifact: %s", e)
+
+
+@task(name="report")
+def report_task(params: Params) -> dict:
+    return report(params, layout(params))
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jagg report", description=__doc__.splitlines()[0])
+    add_common_args(ap)
+    args = ap.parse_args(argv)
+    params = load(args.profile, args.params, parse_overrides(args.overrides))
+    report(params, layout(params))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""`jagg services up|down|status` and `jagg ui`: the local Prefect server, a worker, the deployments, the MLflow UI.
+
+Everything binds to 127.0.0.1 unless ``--host`` says otherwise. State (pids, logs, PREFECT_HOME) lives in
+``.services/`` at the repository root. The worker is stopped before the server (a worker without its server ignores
+SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from .common import ROOT, ServiceError, cli, load
+
+STATE = ROOT / ".services"
+BIN = Path(sys.executable).parent
+
+
+def _env(api_url: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"PREFECT_HOME": str(STATE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                "JAGG_ROOT": str(ROOT), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1", "DVC_NO_ANALYTICS": "1"})
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return env
+
+
+def _spawn(name: str, cmd: list[str], env: dict[str, str]) -> int:
+    STATE.mkdir(parents=True, exist_ok=True)
+    log = open(STATE / f"{name}.log", "ab")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc.pid
+
+
+def _wait_http(url: str, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+    raise ServiceError(f"{what} did not answer at {url} within {timeout:.0f} s; see {STATE}/*.log.")
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> None:
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ServiceError(f"{' '.join(cmd[:4])} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
+
+
+def _pids() -> dict[str, int]:
+    f = STATE / "pids.json"
+    return json.loads(f.read_text()) if f.exists() else {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict[str, str]:
+    """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI)."""
+    if any(_alive(p) for p in _pids().values()):
+        raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
+    api = f"http://{host}:{prefect_port}/api"
+    env = _env(api)
+    pids = {"server": _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", host, "--port",
+                                                 str(prefect_port)], _env())}
+    (STATE / "pids.json").write_text(json.dumps(pids))
+    _wait_http(f"{api}/health", 90, "the Prefect server")
+    _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
+    _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
+    pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
+    urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}"}
+    if mlflow_port:
+        from jagg_core.tracking import resolve_uri
+
+        store = resolve_uri(load().tracking.mlflow_uri, ROOT)
+        pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
+                                           "--backend-store-uri", store, "--workers", "1"], env)
+        urls["mlflow_ui"] = f"http://{host}:{mlflow_port}"
+    (STATE / "pids.json").write_text(json.dumps(pids))
+    return urls
+
+
+def down() -> None:
+    pids = _pids()
+    for name in ("worker", "mlflow", "server"):  # the worker before its server
+        pid = pids.get(name)
+        if not pid or not _alive(pid):
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError:
+            continue
+        for _ in range(50):
+            if not _alive(pid):
+                break
+            time.sleep(0.2)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+    (STATE / "pids.json").unlink(missing_ok=True)
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jagg services", description=__doc__.splitlines()[0])
+    ap.add_argument("action", choices=["up", "down", "status", "ui"])
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ap.add_argument("--prefect-port", type=int, default=4200)
+    ap.add_argument("--mlflow-port", type=int, default=5000, help="0 = no MLflow UI")
+    ap.add_argument("--pool", default="jagg", help="process work pool name (prefect.yaml uses 'jagg')")
+    args = ap.parse_args(argv)
+    if args.action == "up":
+        urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool)
+        print("\n".join(f"{k}: {v}" for k, v in urls.items()))
+        print(f"run a sweep: PREFECT_API_URL={urls['prefect_api']} prefect deployment run 'jagg-reproduce/toy' --watch")
+    elif args.action == "down":
+        down()
+    elif args.action == "status":
+        for name, pid in _pids().items():
+            print(f"{name}: pid {pid} {'running' if _alive(pid) else 'stopped'}")
+    else:  # ui: the MLflow UI in the foreground on the project's store
+        from jagg_core.tracking import resolve_uri
+
+        store = resolve_uri(load().tracking.mlflow_uri, ROOT)
+        os.execve(str(BIN / "mlflow"), [str(BIN / "mlflow"), "server", "--host", args.host, "--port",
+                                         str(args.mlflow_port), "--backend-store-uri", store, "--workers", "1"],
+                  _env())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The GRPO trainer on the ci profile: every method trains, counts are right, kill/resume and 1-vs-2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, run_module
+from jagg_core.config import load_params
+from jagg_core.paths import Layout
+from jagg_core.trainer import latest_checkpoint, train
+from jagg_core.trainer.checkpoint import load_tensors
+
+# A reward with variation even for a barely trained model (toy_fidelity of noise is 0 for every image).
+JPEG = {"reward.weights": {"jpeg_compressibility": 1.0}}
+
+
+def ci(root, **overrides):
+    return load_params(root / "params.yaml", "ci", {**JPEG, **overrides})
+
+
+def base_weights(root):
+    from safetensors.torch import load_file
+
+    return load_file(root / "models/ci/base/transformer/diffusion_pytorch_model.safetensors")
+
+
+@pytest.mark.parametrize("method,backwards,grad_fwd,nograd_fwd", [
+    # ci: T = 6 steps, W = 3, jagg_frac = 0.5 → group 0 routed, group 1 exact; one micro-batch per iteration
+    ("baseline", 6, 6, 0),
+    ("jagg", 1 + 3, 2 + 3, 1),
+    ("ablate", 1 + 3, 2 + 3, 1),
+])
+def test_methods_train_and_count_their_passes(ci_project, method, backwards, grad_fwd, nograd_fwd):
+    params = ci(ci_project)
+    res = train(params, method, 0, root=ci_project, progress=False)
+    assert len(res.history) == params.train.iterations
+    for h in res.history:
+        assert h["train/backward_calls"] == backwards
+        assert h["train/grad_forwards"] == grad_fwd
+        assert h["train/nograd_forwards"] == nograd_fwd
+        for key in ("time/rollout", "time/reward", "time/update", "time/backward", "time/optimizer",
+                    "time/iteration", "train/loss", "train/approx_kl", "train/clipfrac", "train/grad_norm",
+                    "reward/mean", "reward/std", "reward/jpeg_compressibility/mean"):
+            assert key in h and h[key] == h[key], key
+        assert h["time/backward"] < h["time/update"] < h["time/iteration"]
+    assert any(k.startswith("jagg/cos_jagg/g") for k in res.history[0])  # fidelity monitor (every iteration in ci)
+    ckpt = latest_checkpoint(Layout(ci_project, "ci").checkpoints(f"{method}-s0"))
+    assert ckpt is not None and ckpt.iteration == params.train.iterations
+    trained, base = ckpt.tensors(), base_weights(ci_project)
+    assert set(trained) == set(base)
+    changed = sum(not torch.equal(trained[k], base[k]) for k in base)
+    assert changed > len(base) // 2  # the update really moved the transformer
+    curve = (ci_project / "runs/ci" / f"{method}-s0" / "curve.tsv").read_text().splitlines()
+    assert len(curve) == 1 + params.train.iterations and curve[0].startswith("iteration\t")
+
+
+def test_reuse_drops_the_middle_forwards(ci_project):
+    params = ci(ci_project)
+    res = train(params, "jagg-reuse", 0, root=ci_project, progress=False)
+    for h in res.history:
+        assert h["train/nograd_forwards"] == 0 and h["jagg/reused_velocities"] == 1
+
+
+def test_auto_jagg_frac_is_read_off_the_fidelity_curve(ci_project):
+    params = ci(ci_project, **{"jagg.jagg_frac": "auto", "jagg.auto_threshold": -1.0})
+    res = train(params, "jagg", 0, root=ci_project, progress=False)
+    assert res.history[0]["jagg/jagg_frac"] == 1.0  # every cosine ≥ −1
+    params = ci(ci_project, **{"jagg.jagg_frac": "auto", "jagg.auto_threshold": 1.01})
+    res = train(params, "jagg", 1, root=ci_project, progress=False)
+    assert res.history[0]["jagg/jagg_frac"] == 0.0 and res.history[0]["train/nograd_forwards"] == 0
+
+
+def _worker(root, *extra, env=None, iterations=4):
+    return run_module("tasks.train", "--worker", "--profile", "ci", "--method", "jagg", "--seed", "0",
+                      "--set", "reward.weights={jpeg_compressibility: 1.0}", "--set", f"train.iterations={iterations}",
+                      "--set", "train.checkpoint_every=1", *extra, root=root, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["rollout@3:kill", "update@2:kill", "checkpoint@3:kill"])
+def test_killed_training_resumes_to_the_same_parameters(ci_base, tmp_path, fault):
+    import shutil
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    shutil.copytree(ci_base, ref)
+    shutil.copytree(ci_base, run)
+    assert _worker(ref).returncode == 0
+    killed = _worker(run, env={"JAGG_FAULT": fault})
+    assert killed.returncode == -signal.SIGKILL
+    done = latest_checkpoint(Layout(run, "ci").checkpoints("jagg-s0"))
+    assert done is not None and done.iteration < 4  # it really died before the end
+    resumed = _worker(run)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a = load_tensors(Layout(ref, "ci").checkpoints("jagg-s0") / "checkpoint-000004/trainable.safetensors")
+    b = load_tensors(Layout(run, "ci").checkpoints("jagg-s0") / "checkpoint-000004/trainable.safetensors")
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
+    rows = (Layout(run, "ci").curve("jagg-s0")).read_text().splitlines()
+    assert [r.split("\t")[0] for r in rows[1:]] == ["1", "2", "3", "4"]  # the curve stays complete, no duplicates
+
+
+@pytest.mark.slow
+def test_two_processes_update_like_one(ci_base, tmp_path):
+    """gloo, 2 processes × 1 prompt vs 1 process × 2 prompts: the same global batch, the same update."""
+    import shutil
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    shutil.copytree(ci_base, one)
+    shutil.copytree(ci_base, two)
+    args = ["--profile", "ci", "--method", "jagg", "--seed", "0", "--set", "reward.weights={jpeg_compressibility: 1.0}",
+            "--set", "train.iterations=1", "--set", "sample.batch_size=4", "--set", "train.micro_batch=4"]
+    env = {"JAGG_ROOT": str(one), "PYTHONPATH": str(REPO)}
+    r1 = subprocess.run([sys.executable, "-m", "tasks.train", "--worker", *args], cwd=one,
+                        env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+              "29611", "-m", "tasks.train", "--worker", *args]
+    r2 = subprocess.run(launch, cwd=two, env={**os.environ, **env, "JAGG_ROOT": str(two)}, capture_output=True,
+                        text=True, timeout=600)
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    a = load_tensors(Layout(one, "ci").checkpoints("jagg-s0") / "checkpoint-000001/trainable.safetensors")
+    b = load_tensors(Layout(two, "ci").checkpoints("jagg-s0") / "checkpoint-000001/trainable.safetensors")
+    base = base_weights(one)
+    moved = max(float((a[k] - base[k]).abs().max()) for k in a)
+    diff = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert moved > 1e-4  # the step did something
+    assert diff <= 1e-5 * max(1.0, moved / 1e-3), (diff, moved)  # float32 reduction order only
+    curve = (Layout(two, "ci").curve("jagg-s0")).read_text().splitlines()
+    head, row = curve[0].split("\t"), curve[1].split("\t")
+    assert float(row[head.index("train/all_reduces")]) == 1  # one gradient all-reduce per optimizer step
