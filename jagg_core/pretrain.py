@@ -105,7 +105,7 @@ def pretrain_toy(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params_, 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if bar is not None:
             bar.update(1)
             if step % 10 == 0:

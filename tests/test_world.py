@@ -81,20 +81,20 @@ def test_too_small_images_are_refused():
 
 
 def test_parse_by_hand():
-    spec = parse_prompt("an orange square at the top left on a black background")
-    assert spec == PromptSpec("single", (ObjectSpec("square", "orange", None, "top left"),), None, "black")
+    spec = parse_prompt("a purple square at the top left on a black background")
+    assert spec == PromptSpec("single", (ObjectSpec("square", "purple", None, "top left"),), None, "black")
     spec = parse_prompt("three small yellow crosses")
     assert spec.family == "count" and spec.objects == (ObjectSpec("cross", "yellow", "small"),) * 3
     spec = parse_prompt("a red circle left of a large blue square")
     assert spec.relation == "left of" and spec.objects[1] == ObjectSpec("square", "blue", "large")
-    spec = parse_prompt("a red circle at the top and a cyan diamond at the bottom right on a white background")
+    spec = parse_prompt("a red circle at the top and a blue cross at the bottom right on a white background")
     assert spec.family == "scene" and [o.cell for o in spec.objects] == ["top", "bottom right"]
 
 
 @pytest.mark.parametrize(
     "prompt, fragment",
     [
-        ("a orange square", "expected 'an' before 'orange'"),
+        ("an red square", "expected 'a' before 'red'"),
         ("a red blob", "expected a shape at word 3"),
         ("five red circles", "expected 'a', 'an' or a number"),
         ("a red circle left", "expected 'of'"),

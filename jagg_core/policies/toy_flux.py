@@ -131,7 +131,9 @@ class ToyFluxPolicy(Policy):
     def __init__(self, transformer, text_encoder, tokenizer, geometry: Mapping[str, Any], *, device, dtype):
         self.device = torch.device(device)
         self.dtype = dtype
-        self.transformer = transformer.to(device=self.device, dtype=dtype)
+        self.transformer = transformer.to(self.device)
+        if next(transformer.parameters()).dtype != dtype:
+            self.transformer = transformer.to(dtype=dtype)
         self.text_encoder = text_encoder.to(self.device).eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.image_size = int(geometry["image_size"])

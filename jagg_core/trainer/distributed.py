@@ -83,13 +83,26 @@ class Fsdp2Sync(GradSync):
         self.module.set_requires_gradient_sync(bool(last and self.final_group))
 
 
-def shard_transformer(transformer: torch.nn.Module) -> torch.nn.Module:
-    """``fully_shard`` every transformer block (Flux, SD3, Qwen-Image block lists), then the root."""
+def shard_transformer(transformer: torch.nn.Module, block_classes: Iterable[str] | None = None) -> torch.nn.Module:
+    """``fully_shard`` every transformer block, then the root.
+
+    Args:
+        block_classes: class names of the blocks (an accelerate FSDP config's ``fsdp_transformer_layer_cls_to_wrap``);
+            default: the members of ``transformer_blocks`` and ``single_transformer_blocks`` (Flux, SD3, Qwen-Image).
+    """
     from torch.distributed.fsdp import fully_shard
 
-    for name in ("transformer_blocks", "single_transformer_blocks"):
-        for block in getattr(transformer, name, []):
-            fully_shard(block)
+    names = set(block_classes or ())
+    module = getattr(transformer, "base_model", transformer)  # through a peft wrapper
+    if names:
+        blocks = [m for m in module.modules() if type(m).__name__ in names]
+        if not blocks:
+            raise ValueError(f"no module of class {sorted(names)} to shard in {type(module).__name__}.")
+    else:
+        blocks = [b for name in ("transformer_blocks", "single_transformer_blocks")
+                  for b in getattr(getattr(module, "model", module), name, [])]
+    for block in blocks:
+        fully_shard(block)
     fully_shard(transformer)
     return transformer
 

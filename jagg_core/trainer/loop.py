@@ -129,7 +129,8 @@ def train(
     # Policy, data parallelism, optimizer, reward.
     policy = policy_from_params(params, layout, accelerator.device)
     if res.distributed == "fsdp" and world > 1:
-        shard_transformer(policy.transformer)
+        plugin = getattr(accelerator.state, "fsdp_plugin", None)
+        shard_transformer(policy.transformer, getattr(plugin, "transformer_cls_names_to_wrap", None))
     sync = make_grad_sync(res.distributed, world, policy.transformer)
     trainable = policy.trainable_parameters()
     if not trainable:

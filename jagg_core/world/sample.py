@@ -35,7 +35,7 @@ __all__ = ["CORRUPTIONS", "corrupt_spec", "sample_prompt", "sample_spec", "sampl
 P_SIZE = 0.5  # chance that a prompt names an object's size (single, pair and count families)
 P_CELL = 0.5  # chance that a single-object prompt names its position
 P_BACKGROUND = 0.5  # chance that a prompt names the background (the scene family always does)
-SCENE_OBJECTS = (2, 3)  # how many objects a scene prompt names
+SCENE_OBJECTS = (2,)  # how many objects a scene prompt names
 
 
 def _pick(rng: np.random.Generator, options):

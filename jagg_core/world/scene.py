@@ -33,10 +33,8 @@ __all__ = [
 # Object colours, saturated and at least 127 apart in RGB from each other and from every background.
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (255, 0, 0),
-    "orange": (255, 128, 0),
     "yellow": (255, 255, 0),
     "green": (0, 200, 0),
-    "cyan": (0, 255, 255),
     "blue": (0, 0, 255),
     "purple": (150, 0, 220),
 }
@@ -45,7 +43,7 @@ BACKGROUNDS: dict[str, tuple[int, int, int]] = {
     "black": (0, 0, 0),
     "gray": (128, 128, 128),
 }
-SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "diamond", "cross")
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle", "cross")
 PLURALS: dict[str, str] = {shape: shape + ("es" if shape.endswith("s") else "s") for shape in SHAPES}
 SIZES: tuple[str, ...] = ("small", "large")
 # The 3×3 grid, row-major: cell k is at row k // 3 and column k % 3.

@@ -1,0 +1,32 @@
+"""Update-stage benchmark (`jagg bench`): exact vs JAGG vs ablate side by side on one stored rollout and one policy.
+
+- :mod:`.models`: the benchmarked policies (built-in ``toy``/``large``, or a profile's), the stored experience, the
+  variants, and the update exactly as the trainer runs it.
+- :mod:`.timing`: interleaved timing, the cost model's ideal from measured costs, gradient fidelity per K.
+- :mod:`.memory`: peak memory per variant, one process each.
+- :mod:`.comm`: all-reduces (``AllReduceSync``) and FSDP2 all-gathers in backward, with 2 gloo processes.
+- :mod:`.run`: one model's whole run as a JSON dict; :mod:`.markdown`: ``docs/benchmarks.md``.
+"""
+
+from .markdown import render_markdown, write_markdown
+from .models import (BUILTIN_MODELS, BenchError, ModelSpec, Variant, build_policy, make_experience, model_spec,
+                     profile_spec, variant)
+from .run import BenchConfig, machine_info, run_bench, save_result
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "BenchConfig",
+    "BenchError",
+    "ModelSpec",
+    "Variant",
+    "build_policy",
+    "machine_info",
+    "make_experience",
+    "model_spec",
+    "profile_spec",
+    "render_markdown",
+    "run_bench",
+    "save_result",
+    "variant",
+    "write_markdown",
+]

@@ -1,0 +1,181 @@
+"""``docs/benchmarks.md`` from benchmark results (one JSON dict per model): speed, work, fidelity, memory, comm."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Sequence
+
+__all__ = ["render_markdown", "write_markdown"]
+
+
+def _s(x: float | None) -> str:
+    """Seconds to 3 significant digits."""
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _x(x: float | None) -> str:
+    return "—" if x is None or x != x else f"{x:.2f}×"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return out + [""]
+
+
+def _machine(results: Sequence[dict]) -> list[str]:
+    m = results[0]["machine"]
+    cfg = results[0]["config"]
+    gpu = f", GPU {m['gpu']}" if "gpu" in m else ""
+    load = f"load average {m['loadavg_start'][0]:.2f} at the start, {m.get('loadavg_end', [float('nan')])[0]:.2f} " \
+           f"at the end"
+    return [
+        "## Machine", "",
+        f"{m['cpu']}, {m['usable_cores']} of {m['cores']} cores usable, {m['threads']} torch thread(s) "
+        f"(`torch.set_num_threads({cfg['threads']})`), device `{m['device']}`{gpu}; torch {m['torch']}, "
+        f"diffusers {m.get('diffusers', '?')}, Python {m['python']} on {m['platform']}; {load}. "
+        "Numbers from a machine shared with other work are noisy: compare the spread columns before reading a speedup.",
+        "",
+    ]
+
+
+def _speed(r: dict) -> list[str]:
+    rows = []
+    for c in r["cells"]:
+        t = c["time"]
+        rows.append([
+            "any" if c["mode"] == "exact" else c["window"], "—" if c["jagg_frac"] is None else f"{c['jagg_frac']:g}",
+            c["variant"], _s(t["median"]), f"{_s(t['q1'])}–{_s(t['q3'])}", f"{_s(t['min'])}–{_s(t['max'])}",
+            _x(c["speedup"]), _x(c["ideal_speedup"]), f"{c['measured_over_ideal']:.2f}", _x(c["textbook_speedup"]),
+        ])
+    return _table(["W", "jagg_frac", "variant", "median s", "IQR s", "min–max s", "speedup", "ideal",
+                   "measured/ideal", "textbook"], rows)
+
+
+def _work(r: dict) -> list[str]:
+    seen, rows = set(), []
+    for c in r["cells"]:
+        key = (c["window"], c["variant"])
+        if key in seen or not c["counts_per_group"]:
+            continue
+        seen.add(key)
+        n = c["counts_per_group"]
+        rows.append([c["window"], c["variant"], n["grad_forwards"], n["forward_calls"], n["nograd_forwards"],
+                     n["reused_velocities"], n["backward_calls"]])
+    return _table(["W", "variant", "with-grad forwards", "forward calls", "no-grad forwards", "reused velocities",
+                   "backward calls"], rows)
+
+
+def _fidelity(r: dict) -> list[str]:
+    fid = r["fidelity"]
+    w = fid["window"]
+    frac = max(r["config"]["fracs"])
+    rows = []
+    for k, f in fid["anchors"].items():
+        name = "jagg-joint" if k == "2" else f"jagg-k{k}"
+        cell = next((c for c in r["cells"] if c["variant"] == name and c["window"] == w and c["jagg_frac"] == frac),
+                    None)
+        cos = [x for x in f["cos_jagg"] if x == x]
+        rows.append([k, ", ".join(f"{x:.3f}" for x in f["cos_jagg"]), f"{statistics.fmean(cos):.3f}" if cos else "—",
+                     ", ".join(f"{x:.3f}" for x in f["cos_ablate"]),
+                     _x(cell["speedup"]) if cell else "—", _x(cell["ideal_speedup"]) if cell else "—"])
+    return [f"K anchors per group of W = {w} (K = 2 is the paper's JAGG, K = W is exact); speedups at jagg_frac "
+            f"{frac:g}; cosines per group along the trajectory (high noise first), on this policy's weights "
+            f"({r['model']['weights']}).", ""] + _table(
+        ["K", "cos(JAGG, exact) per group", "mean", "cos(ablate, exact) per group", "speedup", "ideal"], rows)
+
+
+def _memory(r: dict) -> list[str]:
+    mem = r["memory"]
+    if "skipped" in mem:
+        return [f"Not measured ({mem['skipped']}).", ""]
+    exact = next(m["update_peak_mb"] for m in mem["variants"] if m["variant"] == "exact")
+    cuda = any("cuda_update_peak_mb" in m for m in mem["variants"])
+    rows = [[m["variant"], f"{m['update_peak_mb']:.1f}", f"{m['update_peak_mb'] / exact:.2f}" if exact else "—",
+             m["backward_calls"]] + ([f"{m['cuda_update_peak_mb']:.1f}"] if cuda else []) for m in mem["variants"]]
+    ok = "yes" if mem["checks"]["sequential_le_joint"] else "**no**"
+    return [f"Peak resident memory of the update (two updates) over the memory after setup, W = {mem['window']}, "
+            f"jagg_frac {mem['jagg_frac']:g}, one fresh process per variant "
+            f"({mem['variants'][0]['method']}). jagg-sequential ≤ jagg-joint: {ok}.", ""] + _table(
+        ["variant", "update peak MiB", "vs exact", "backward calls"] + (["CUDA peak MiB"] if cuda else []), rows)
+
+
+def _comm(r: dict) -> list[str]:
+    comm = r["comm"]
+    if "skipped" in comm:
+        return [f"Not measured ({comm['skipped']}).", ""]
+    ar = [[a["window"], a["variant"], a["backward_calls"], a["all_reduces"], a["naive_ddp_all_reduces"]]
+          for a in comm["allreduce"]]
+    fs = [[a["window"], a["variant"], f"{a['all_gathers_per_group_per_module']:g}", a["all_gathers_backward"],
+           a["groups"], a["reduce_scatters"]] for a in comm["fsdp2"]]
+    return [
+        f"{comm['world_size']} CPU processes ({comm['backend']}), one optimizer step over the micro-batch with "
+        f"jagg_frac 1.0. Data parallel with `AllReduceSync` ({comm['grad_mb']:.1f} MiB of gradients in buckets of "
+        f"{comm['bucket_mb']:g} MiB): all-reduces per optimizer step, against a DDP that would all-reduce in every "
+        "backward call.", "",
+        *_table(["W", "variant", "backward calls / step", "all-reduces / step", "naive DDP all-reduces"], ar),
+        f"FSDP2 (`fully_shard` per block, then the root; {comm['fsdp_modules']} FSDP modules): parameter all-gathers "
+        f"(`{comm['all_gather_op']}`) issued inside `torch.autograd.backward`, per group and per module. The root "
+        f"keeps its parameters unsharded from forward to backward, so the {comm['fsdp_modules_resharding']} "
+        "other modules are the ones that all-gather in backward; the per-module figure divides by them.", "",
+        *_table(["W", "variant", "all-gathers / group / module", "all-gathers in backward", "groups",
+                 "reduce-scatters"], fs),
+    ]
+
+
+def render_markdown(results: Sequence[dict]) -> str:
+    """The whole page for one or more models of the same run."""
+    cfg = results[0]["config"]
+    lines = [
+        "# Update-stage benchmark: exact vs JAGG vs ablate", "",
+        f"_Written by `jagg bench` on {results[0]['created']}; regenerate it rather than editing it._", "",
+        f"Every variant differentiates the same stored rollout ({cfg['steps']} SDE steps, micro-batch of "
+        f"{cfg['batch']} images, random nonzero advantages) with the same policy, through the trainer's own "
+        "`plan_groups` → `accumulate_gradients` → `group_backward`. Each of the "
+        f"{cfg['repeats']} rounds (after one warm-up) runs every variant once in a shuffled order; times are "
+        "medians over rounds with their interquartile range and min–max; speedup = median exact / median variant, "
+        "from the same run. *Ideal* is the cost model (ARCHITECTURE §1) with the policy's measured no-grad forward "
+        "f0, with-grad forward f and backward b: exact W·(f + b) per group, K-anchor JAGG (W − K)·f0 + K·(f + b) "
+        "(the paper's JAGG: K = 2), with rollout-velocity reuse K·(f + b). *Textbook* is the same model with "
+        "f0 = f = 1, b = 2: 3W/(W + 4) per JAGG group, W/2 with reuse. Groups not routed to JAGG "
+        "(jagg_frac < 1) cost exact in both. Exact does not depend on W or jagg_frac and is timed once per round. "
+        "At W = 2 ablate and reuse do exactly what jagg-joint does (no middle steps) and are not repeated.", "",
+        *_machine(results),
+    ]
+    for r in results:
+        m = r["model"]
+        p = r["primitives"]
+        geo = m["spec"]["geometry"]
+        shape = (f", {(geo['image_size'] // geo['patch_size']) ** 2} image tokens, {geo['max_text_length']} text "
+                 f"tokens, {geo['num_layers']} double + {geo['num_single_layers']} single blocks" if geo else "")
+        f0, f, b = (p[k]["median"] for k in ("forward_nograd", "forward_grad", "backward"))
+        lines += [
+            f"## Model `{m['name']}` ({m['trainable_params'] / 1e6:.2f} M trainable parameters{shape}, "
+            f"{m['weights']} weights)", "",
+            f"Primitive costs at batch {r['config']['batch']} (medians): no-grad forward f0 = {_s(f0)} s, with-grad "
+            f"forward f = {_s(f)} s, backward b = {_s(b)} s (b/f = {b / f:.2f}).", "",
+            "### Update time per micro-batch", "", *_speed(r),
+            "### Work per routed group (GroupStats)", "", *_work(r),
+            "### Speed vs gradient fidelity", "", *_fidelity(r),
+            "### Peak memory", "", *_memory(r),
+            "### Communication", "", *_comm(r),
+        ]
+    first = results[0]["model"]
+    which = (f"--profile {first['spec']['profile']}" if first["kind"] == "profile" else
+             f"--model {'both' if len(results) > 1 else first['name']}")
+    cmd = (f"jagg bench {which} "
+           f"--windows {','.join(map(str, cfg['windows']))} --fracs {','.join(f'{x:g}' for x in cfg['fracs'])} "
+           f"--repeats {cfg['repeats']} --batch {cfg['batch']} --steps {cfg['steps']} --threads {cfg['threads']} "
+           "--write-docs docs/benchmarks.md")
+    lines += ["## Reproduce", "", "```bash", cmd, "```", "",
+              "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
+              "profile's policy from its weights; communication is counted on the built-in models only).", ""]
+    return "\n".join(lines)
+
+
+def write_markdown(results: Sequence[dict], path: str | Path) -> Path:
+    from ..trainer.logging import atomic_write_text
+
+    atomic_write_text(path, render_markdown(results))
+    return Path(path)

@@ -1,0 +1,217 @@
+"""What the benchmark runs on: a policy (built-in `toy`/`large`, or a profile's real one), one stored rollout, and the
+update stage of one micro-batch exactly as the trainer runs it (``plan_groups`` → ``accumulate_gradients``).
+
+Everything here is rebuilt deterministically from a :class:`ModelSpec` (plain JSON), so the memory probes and the
+communication workers, each in its own process, differentiate the same (latents, timesteps, old log-probs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from ..config import Params, ParamsError, ResolvedMethod, SampleConfig, TrainConfig
+from ..jagg import Group, plan_groups
+from ..policies.base import Policy
+from ..trainer.distributed import GradSync, NoSync
+from ..trainer.rollout import Trajectory, rollout
+from ..trainer.update import UpdateStats, accumulate_gradients
+
+__all__ = [
+    "BUILTIN_MODELS",
+    "BenchError",
+    "ModelSpec",
+    "Experience",
+    "Variant",
+    "variant",
+    "model_spec",
+    "profile_spec",
+    "build_policy",
+    "make_experience",
+    "update_groups",
+    "run_update",
+    "zero_grads",
+]
+
+
+class BenchError(ParamsError):
+    """A benchmark setting that cannot run; the message is one sentence for the user."""
+
+
+# A Flux-shaped model with tens of millions of parameters: 8 heads × 64 (inner 512), 2 double + 4 single blocks,
+# 256 image tokens (64×64 RGB in 4×4 patches: 48 channels) and 64 text tokens of width 256. ~36 M parameters.
+LARGE_GEOMETRY: dict[str, int] = {
+    "image_size": 64, "patch_size": 4, "num_layers": 2, "num_single_layers": 4, "num_attention_heads": 8,
+    "attention_head_dim": 64, "text_hidden_size": 256, "text_layers": 2, "max_text_length": 64,
+}
+BUILTIN_MODELS = ("toy", "large")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to rebuild the benchmarked policy in any process (JSON-serialisable)."""
+
+    name: str  # "toy" | "large" | the profile name
+    kind: str  # "builtin": random init from `geometry`; "profile": the profile's real policy (policy_from_params)
+    device: str
+    geometry: dict[str, int] = field(default_factory=dict)  # build_toy_flux keywords (builtin)
+    profile: str | None = None
+    params_path: str | None = None
+    root: str | None = None
+    noise_level: float = 0.7  # the rollout SDE (sample.noise_level of the params)
+    sde_kind: str = "flow_grpo"
+    clip_range: float = 1e-3  # train.clip_range (the PPO step loss)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "ModelSpec":
+        return cls(**d)
+
+
+def _rollout_settings(params: Params) -> dict[str, Any]:
+    return {"noise_level": params.sample.noise_level, "sde_kind": params.sample.sde_kind,
+            "clip_range": params.train.clip_range}
+
+
+def model_spec(name: str, params: Params, *, device: str) -> ModelSpec:
+    """A built-in model: ``toy`` (the embedded default's geometry, read from ``params``' world and pretrain
+    sections) or ``large``; random weights."""
+    if name == "toy":
+        pre = params.pretrain
+        geometry = {"image_size": params.world.image_size, "patch_size": pre.patch_size,
+                    "num_layers": pre.num_layers, "num_single_layers": pre.num_single_layers,
+                    "num_attention_heads": pre.num_attention_heads, "attention_head_dim": pre.attention_head_dim,
+                    "text_hidden_size": pre.text_hidden_size, "text_layers": pre.text_layers,
+                    "max_text_length": pre.max_text_length}
+    elif name == "large":
+        geometry = dict(LARGE_GEOMETRY)
+    else:
+        raise BenchError(f"unknown model {name!r}; built-in models: {', '.join(BUILTIN_MODELS)}.")
+    return ModelSpec(name, "builtin", device, geometry=geometry, **_rollout_settings(params))
+
+
+def profile_spec(params: Params, *, device: str, params_path: str | Path, root: str | Path) -> ModelSpec:
+    """The profile's own policy, loaded from its weights by ``policy_from_params`` (e.g. Flux on a GPU)."""
+    return ModelSpec(params.profile, "profile", device, profile=params.profile, params_path=str(params_path),
+                     root=str(root), **_rollout_settings(params))
+
+
+def build_policy(spec: ModelSpec) -> Policy:
+    """A fresh policy: random weights for the built-ins (speed does not depend on training), real ones for a profile."""
+    if spec.kind == "profile":
+        from ..build import policy_from_params
+        from ..config import load_params
+        from ..paths import Layout
+
+        params = load_params(spec.params_path, spec.profile)
+        return policy_from_params(params, Layout(Path(spec.root).resolve(), params.profile),
+                                  torch.device(spec.device))
+    from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux
+    from ..world import vocabulary
+
+    # Velocity prediction and no CFG: the x0 skip connection would divide random outputs by small sigmas, and CFG
+    # would double every batch; neither changes what is compared.
+    transformer, text_encoder, tokenizer, geometry = build_toy_flux(
+        vocabulary(), **spec.geometry, prediction="velocity", guidance_scale=1.0, seed=0
+    )
+    return ToyFluxPolicy(transformer.eval(), text_encoder, tokenizer, geometry, device=spec.device,
+                         dtype=torch.float32)
+
+
+@dataclass
+class Experience:
+    """One stored rollout and the micro-batch the update differentiates."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # (B,) random, nonzero
+    rows: torch.Tensor  # (N,) the micro-batch: image rows 0..N−1
+    sample: SampleConfig
+    train: TrainConfig
+
+    @property
+    def steps(self) -> int:
+        return len(self.traj.train_steps)
+
+
+def make_experience(policy: Policy, spec: ModelSpec, *, steps: int, batch: int, seed: int) -> Experience:
+    """A real SDE rollout of ``batch`` images (random world prompts, 2 images each) over ``steps`` steps, with the
+    rollout velocities kept (for the reuse variant) and random nonzero advantages."""
+    from ..world import FAMILIES, sample_prompt
+
+    rng = np.random.default_rng(seed)
+    n_prompts = math.ceil(batch / 2)
+    prompts = [sample_prompt(rng, FAMILIES[i % len(FAMILIES)]) for i in range(n_prompts)]
+    sample = SampleConfig(num_steps=steps, noise_level=spec.noise_level, sde_kind=spec.sde_kind, recipe="dance_grpo",
+                          group_size=2, prompts_per_iteration=n_prompts, batch_size=batch)
+    traj = rollout(policy, prompts, list(range(n_prompts)), sample, seed=seed, iteration=0, keep_velocities=True)
+    a = torch.randn(traj.batch_size, generator=torch.Generator().manual_seed(seed))
+    advantages = a.sign() * (a.abs() + 0.5)  # |A| ≥ 0.5: every image carries signal
+    train = TrainConfig(micro_batch=batch, clip_range=spec.clip_range, beta=0.0)
+    return Experience(traj, advantages, torch.arange(batch), sample, train)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A way to run the update: the trainer's (mode, variant, anchors, reuse_rollout_velocity)."""
+
+    name: str
+    mode: str  # "exact" | "jagg" | "ablate"
+    variant: str = "joint"  # "joint" | "sequential"
+    anchors: int = 2  # K
+    reuse: bool = False  # middle velocities from the rollout (middle_velocity)
+
+    def fits(self, window: int) -> bool:
+        """False where the variant cannot run, or would repeat another's work exactly (W = 2 has no middle steps,
+        so ablate and reuse do what jagg-joint does)."""
+        if self.mode == "exact":
+            return True
+        if window == 2 and (self.mode == "ablate" or self.reuse):
+            return False
+        return self.anchors <= window
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("exact", "exact"),
+    Variant("jagg-joint", "jagg"),
+    Variant("jagg-sequential", "jagg", "sequential"),
+    Variant("ablate", "ablate"),
+    Variant("jagg-reuse", "jagg", reuse=True),
+)}
+
+
+def variant(name: str) -> Variant:
+    """A registered variant, or ``jagg-k<K>``: K-anchor JAGG (joint)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    if name.startswith("jagg-k") and name[6:].isdigit() and int(name[6:]) >= 2:
+        return Variant(name, "jagg", anchors=int(name[6:]))
+    raise BenchError(f"unknown variant {name!r}; use one of {', '.join(VARIANTS)} or jagg-k<K>.")
+
+
+def update_groups(exp: Experience, v: Variant, window: int, jagg_frac: float) -> list[Group]:
+    """The trainer's routing of the trained steps (``plan_groups``; every group kept)."""
+    return plan_groups(exp.traj.train_steps, window, jagg_frac, mode=v.mode)
+
+
+def run_update(policy: Policy, exp: Experience, v: Variant, groups: list[Group], window: int, *,
+               sync: GradSync | None = None) -> UpdateStats:
+    """Forward + backward of ``groups`` over the micro-batch: the trainer's ``accumulate_gradients``."""
+    method = ResolvedMethod(name=v.name, mode=v.mode, window=window, variant=v.variant, anchors=v.anchors,
+                            reuse_rollout_velocity=v.reuse)
+    return accumulate_gradients(policy, exp.traj, exp.advantages, exp.rows, groups, method, sample=exp.sample,
+                                train=exp.train, sync=sync or NoSync(), reuse=v.reuse,
+                                autocast=contextlib.nullcontext)
+
+
+def zero_grads(policy: Policy) -> None:
+    """What the trainer does after each optimizer step (``zero_grad(set_to_none=True)``)."""
+    for p in policy.trainable_parameters():
+        p.grad = None

@@ -1,0 +1,196 @@
+"""One benchmark run of one model: timing, cost model, gradient fidelity, memory and communication, as one JSON dict.
+
+The recipe: build the policy and one stored rollout; time every cell interleaved (:mod:`.timing`); turn the medians into
+speedups over exact and compare them with the cost model's ideal from the measured primitive costs; gradient fidelity
+for K anchors at the largest W; peak memory per variant in fresh processes (:mod:`.memory`); collective counts with
+2 gloo processes (:mod:`.comm`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .models import BenchError, ModelSpec, build_policy, make_experience, variant
+from .timing import fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup, time_cells
+
+__all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VARIANTS", "SCHEMA"]
+
+SCHEMA = 1
+MEMORY_VARIANTS = ("exact", "jagg-joint", "jagg-sequential", "ablate", "jagg-reuse")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure. Times are per micro-batch of ``batch`` images over ``steps`` trained steps."""
+
+    windows: tuple[int, ...] = (2, 4, 8)  # W values; K-anchor JAGG and fidelity at the largest
+    fracs: tuple[float, ...] = (0.6, 1.0)  # jagg_frac values
+    repeats: int = 7  # timed rounds (after one warm-up)
+    batch: int = 4  # images per micro-batch (the update's forward batch)
+    steps: int = 16  # T: trained steps, a multiple of every W so that groups are full
+    threads: int = 1  # torch CPU threads of the timing process (and of each memory probe)
+    memory: bool = True  # peak memory per variant (one process each)
+    comm: bool = True  # collective counts with 2 gloo processes
+    seed: int = 0
+
+    def validate(self) -> None:
+        """One sentence naming the setting and the fix, before any work."""
+        if not self.windows or any(w < 2 for w in self.windows) or len(set(self.windows)) != len(self.windows):
+            raise BenchError(f"--windows {_csv(self.windows)} must be distinct integers ≥ 2, e.g. 2,4,8.")
+        if not self.fracs or any(not 0.0 <= f <= 1.0 for f in self.fracs) or len(set(self.fracs)) != len(self.fracs):
+            raise BenchError(f"--fracs {_csv(self.fracs)} must be distinct numbers in [0, 1], e.g. 0.6,1.0.")
+        if self.repeats < 1:
+            raise BenchError(f"--repeats {self.repeats} must be at least 1.")
+        if self.batch < 1:
+            raise BenchError(f"--batch {self.batch} must be at least 1.")
+        if self.threads < 1:
+            raise BenchError(f"--threads {self.threads} must be at least 1.")
+        bad = [w for w in self.windows if self.steps < w or self.steps % w]
+        if bad:
+            raise BenchError(f"--steps {self.steps} must be a multiple of every window (here {bad[0]}) so that "
+                             f"groups are full; use e.g. {_lcm(self.windows) * 2}.")
+
+    @property
+    def anchors(self) -> tuple[int, ...]:
+        """K values compared at the largest W (K = 2 is the paper's JAGG)."""
+        return tuple(k for k in (2, 3, 4) if k <= max(self.windows))
+
+
+def _csv(xs) -> str:
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in xs)
+
+
+def _lcm(xs) -> int:
+    import math
+
+    out = 1
+    for x in xs:
+        out = out * x // math.gcd(out, x)
+    return out
+
+
+def machine_info(device: torch.device) -> dict:
+    """Enough to judge a number: CPU model, cores, threads, versions, load, GPU."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor() or cpu
+    info = {
+        "cpu": cpu, "cores": os.cpu_count(), "usable_cores": len(os.sched_getaffinity(0)),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(), "python": platform.python_version(),
+        "platform": platform.platform(), "device": str(device), "loadavg_start": list(os.getloadavg()),
+    }
+    try:
+        import diffusers
+
+        info["diffusers"] = diffusers.__version__
+    except ImportError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _analyse(cells: list[dict], prim: dict, steps: int) -> None:
+    """Speedup over exact (medians of the same run), the ideal from measured costs, and their ratio."""
+    exact = next(c for c in cells if c["mode"] == "exact")
+    f0, f, b = (prim[k]["median"] for k in ("forward_nograd", "forward_grad", "backward"))
+    for c in cells:
+        v = variant(c["variant"])
+        c["speedup"] = exact["time"]["median"] / c["time"]["median"]
+        c["ideal_speedup"] = steps * (f + b) / ideal_cost(c["per_group"], v, f0=f0, f=f, b=b)
+        c["measured_over_ideal"] = c["speedup"] / c["ideal_speedup"]
+        c["textbook_speedup"] = textbook_speedup(c["per_group"], v)
+        routed = [g for g in c["per_group"] if g["mode"] == c["mode"]]
+        c["counts_per_group"] = ({k: x for k, x in routed[0].items() if k not in ("position", "mode")} if routed
+                                 else None)
+
+
+def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], None] | None = None) -> dict:
+    """The whole benchmark of one model (see the module docstring); nothing is written."""
+    cfg.validate()
+    say = progress or (lambda msg: None)
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    created = _dt.datetime.now().astimezone()
+
+    # Setup: the policy and one stored rollout.
+    policy = build_policy(spec)
+    machine = machine_info(policy.device)
+    exp = make_experience(policy, spec, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed)
+    n_params = sum(p.numel() for p in policy.trainable_parameters())
+    say(f"{spec.name}: {n_params / 1e6:.2f} M trainable parameters, latent {tuple(policy.latent_shape())}, "
+        f"{cfg.steps} steps, batch {cfg.batch}, {cfg.threads} thread(s)")
+
+    # Timing, interleaved, then the cost model.
+    w_max = max(cfg.windows)
+    cells, prim = time_cells(policy, exp, plan_cells(cfg.windows, cfg.fracs, cfg.anchors), repeats=cfg.repeats,
+                             seed=cfg.seed, progress=lambda m: say(f"{spec.name}: timing {m}"))
+    _analyse(cells, prim, cfg.steps)
+
+    # Speed vs fidelity: K anchors at the largest W.
+    say(f"{spec.name}: gradient fidelity, W = {w_max}, K = {_csv(cfg.anchors)}")
+    fidelity = fidelity_by_anchors(policy, exp, w_max, cfg.anchors)
+    del policy, exp
+
+    memory: dict = {"skipped": "--no-memory"}
+    if cfg.memory:
+        from .memory import measure_memory
+
+        names = [n for n in (*MEMORY_VARIANTS, *(f"jagg-k{k}" for k in cfg.anchors if k > 2))
+                 if variant(n).fits(w_max)]
+        say(f"{spec.name}: peak memory, one process per variant ({len(names)})")
+        rows = measure_memory(spec, names, window=w_max, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
+                              threads=cfg.threads)
+        peak = {r["variant"]: r["update_peak_mb"] for r in rows}
+        memory = {"window": w_max, "jagg_frac": 1.0, "variants": rows,
+                  "checks": {"sequential_le_joint": peak["jagg-sequential"] <= peak["jagg-joint"]}}
+
+    comm: dict = {"skipped": "--no-comm"}
+    if cfg.comm and spec.kind != "builtin":
+        comm = {"skipped": "measured on the built-in models only (two CPU processes cannot hold a real backbone); "
+                           "the counts do not depend on the model"}
+    elif cfg.comm:
+        from .comm import measure_comm
+
+        say(f"{spec.name}: communication, 2 gloo processes")
+        comm = measure_comm(spec, windows=list(cfg.windows), steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
+                            threads=max(1, cfg.threads // 2))
+
+    machine["loadavg_end"] = list(os.getloadavg())
+    return {
+        "schema": SCHEMA,
+        "created": created.isoformat(timespec="seconds"),
+        "model": {"name": spec.name, "kind": spec.kind, "spec": spec.to_json(), "trainable_params": n_params,
+                  "weights": "random" if spec.kind == "builtin" else "profile"},
+        "config": {**asdict(cfg), "anchors": list(cfg.anchors)},
+        "machine": machine,
+        "primitives": prim,
+        "cells": cells,
+        "fidelity": fidelity,
+        "memory": memory,
+        "comm": comm,
+    }
+
+
+def save_result(result: dict, out_dir: str | Path) -> Path:
+    """``<out_dir>/<timestamp>-<model>.json`` (written atomically)."""
+    from ..trainer.logging import atomic_write_text
+
+    stamp = _dt.datetime.fromisoformat(result["created"]).strftime("%Y%m%dT%H%M%S")
+    path = Path(out_dir) / f"{stamp}-{result['model']['name']}.json"
+    atomic_write_text(path, json.dumps(result, indent=1) + "\n")
+    return path

@@ -1,0 +1,193 @@
+"""Update-stage timing: every variant on the same stored experience, interleaved, with the cost model's ideal.
+
+A *cell* is one (variant, W, jagg_frac). Each repetition runs every cell once in a shuffled order (fixed seed), plus
+one measurement of the policy's primitive costs at the micro-batch size (no-grad forward f0, with-grad forward f,
+backward b), so slow drifts of a shared machine hit every cell alike. The ideal speedup of a cell is the cost model of
+ARCHITECTURE §1 evaluated with the measured f0, f, b: exact costs ``W·(f + b)`` per group, K-anchor JAGG
+``(W − K)·f0 + K·(f + b)`` (the paper's JAGG: K = 2; the joint backward over two graphs ≈ 2 b), with reuse
+``K·(f + b)``. The textbook figure is the same model with f0 = f = 1, b = 2: 3W/(W + 4), or W/2 with reuse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from ..fidelity import gradient_fidelity
+from ..jagg import Group
+from ..policies.base import Policy
+from ..trainer.update import UpdateStats, make_step_fns
+from .models import Experience, Variant, run_update, update_groups, variant, zero_grads
+
+__all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "textbook_speedup", "fidelity_by_anchors",
+           "COUNT_KEYS"]
+
+COUNT_KEYS = ("grad_forwards", "forward_calls", "nograd_forwards", "reused_velocities", "backward_calls")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One timed configuration. Exact does not depend on the routing: it is one cell, at the largest W."""
+
+    variant: str
+    window: int
+    jagg_frac: float | None  # None for exact
+
+    @property
+    def key(self) -> str:
+        return self.variant if self.jagg_frac is None else f"{self.variant}/W{self.window}/frac{self.jagg_frac:g}"
+
+
+def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence[int]) -> list[Cell]:
+    """Exact once; per W × jagg_frac the registered variants, and K-anchor JAGG (K > 2) at the largest W."""
+    w_max = max(windows)
+    names = ["jagg-joint", "jagg-sequential", "ablate", "jagg-reuse"]
+    cells = [Cell("exact", w_max, None)]
+    for w in windows:
+        extra = [f"jagg-k{k}" for k in anchors if k > 2] if w == w_max else []
+        for frac in fracs:
+            cells += [Cell(n, w, frac) for n in names + extra if variant(n).fits(w)]
+    return cells
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    """Median, quartiles (inclusive method), min/max of the repetitions, in seconds."""
+    xs = sorted(samples)
+    q1, q3 = statistics.quantiles(xs, n=4, method="inclusive")[::2] if len(xs) > 1 else (xs[0], xs[0])
+    return {"median": statistics.median(xs), "q1": q1, "q3": q3, "min": xs[0], "max": xs[-1], "n": len(xs),
+            "samples": list(samples)}
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":  # kernels are asynchronous: time what ran, not what was queued
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _counts(stats: UpdateStats) -> dict[str, int]:
+    return {k: int(getattr(stats, k)) for k in COUNT_KEYS}
+
+
+def _primitives_once(policy: Policy, velocity: Callable[[int], torch.Tensor]) -> tuple[float, float, float]:
+    """(f0, f, b): one no-grad forward, one with-grad forward, one backward of the policy on one stored step."""
+    dev = policy.device
+    with torch.no_grad():
+        t0 = _clock(dev)
+        velocity(0)
+        f0 = _clock(dev) - t0
+    t0 = _clock(dev)
+    v = velocity(0)
+    f = _clock(dev) - t0
+    s = torch.ones_like(v)
+    t0 = _clock(dev)
+    torch.autograd.backward([v], [s])
+    b = _clock(dev) - t0
+    del v
+    zero_grads(policy)
+    return f0, f, b
+
+
+def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeats: int, seed: int,
+               progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+    """Warm up and count once per cell (group by group), then ``repeats`` shuffled rounds of timed updates.
+
+    Returns (one dict per cell: groups, per-group counts, totals, time; the primitive costs f0, f, b).
+    """
+    dev = policy.device
+    step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
+    velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample, train=exp.train,
+                             scale=1.0, autocast=contextlib.nullcontext)[0]
+    plans: dict[str, tuple[Variant, list[Group]]] = {}
+    results: dict[str, dict] = {}
+
+    # Warm-up: each group once on its own, which also gives the per-group counts from GroupStats.
+    _primitives_once(policy, velocity)
+    for cell in cells:
+        v = variant(cell.variant)
+        groups = update_groups(exp, v, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
+        plans[cell.key] = (v, groups)
+        per_group = []
+        for g in groups:
+            zero_grads(policy)
+            per_group.append({"position": g.position, "mode": g.mode, "steps": len(g.steps),
+                              **_counts(run_update(policy, exp, v, [g], cell.window))})
+        results[cell.key] = {"key": cell.key, "variant": cell.variant, "mode": v.mode, "kind": v.variant,
+                             "anchors": v.anchors, "reuse": v.reuse, "window": cell.window,
+                             "jagg_frac": cell.jagg_frac, "per_group": per_group, "samples": [],
+                             "backward_seconds": []}
+        if progress:
+            progress(f"warm-up {cell.key}")
+
+    # Timed rounds: every cell once per round, in a shuffled order.
+    rng = random.Random(seed)
+    prim: dict[str, list[float]] = {"forward_nograd": [], "forward_grad": [], "backward": []}
+    for r in range(repeats):
+        order = [c.key for c in cells] + ["primitives"]
+        rng.shuffle(order)
+        for key in order:
+            if key == "primitives":
+                for name, x in zip(prim, _primitives_once(policy, velocity)):
+                    prim[name].append(x)
+                continue
+            v, groups = plans[key]
+            zero_grads(policy)
+            t0 = _clock(dev)
+            stats = run_update(policy, exp, v, groups, results[key]["window"])
+            results[key]["samples"].append(_clock(dev) - t0)
+            results[key]["backward_seconds"].append(stats.backward_seconds)
+            results[key]["totals"] = _counts(stats)
+        zero_grads(policy)
+        if progress:
+            progress(f"round {r + 1}/{repeats}")
+    out = []
+    for cell in cells:
+        res = results[cell.key]
+        res["time"] = summarize(res.pop("samples"))
+        res["backward_time"] = summarize(res.pop("backward_seconds"))
+        out.append(res)
+    return out, {k: summarize(x) for k, x in prim.items()}
+
+
+def ideal_cost(per_group: Sequence[dict], v: Variant, *, f0: float, f: float, b: float) -> float:
+    """The cost model's update time of these groups: exact ``W(f + b)``; K anchors ``(W − K) f0 + K (f + b)``, the
+    middle forwards dropped with reuse."""
+    total = 0.0
+    for g in per_group:
+        w = g["steps"]
+        if g["mode"] == "exact":
+            total += w * (f + b)
+        else:
+            k = min(v.anchors, w)
+            total += k * (f + b) + (0.0 if v.reuse else (w - k) * f0)
+    return total
+
+
+def textbook_speedup(per_group: Sequence[dict], v: Variant) -> float:
+    """The cost model with forward = 1, backward = 2: 3W/(W + 4) per JAGG group, W/2 with reuse."""
+    steps = sum(g["steps"] for g in per_group)
+    return 3 * steps / ideal_cost(per_group, v, f0=1.0, f=1.0, b=2.0)
+
+
+def fidelity_by_anchors(policy: Policy, exp: Experience, window: int, anchors: Sequence[int]) -> dict:
+    """cos(K-anchor JAGG gradient, exact gradient) and cos(ablate, exact) per group, for each K, on the experience."""
+    traj = exp.traj
+    steps = traj.train_steps
+
+    def fns(i: int):
+        return make_step_fns(policy, traj, exp.rows, exp.advantages, [steps[i]], sample=exp.sample, train=exp.train,
+                             scale=1.0, autocast=contextlib.nullcontext)
+
+    out = {"window": window, "anchors": {}}
+    for k in anchors:
+        rep = gradient_fidelity(policy.trainable_parameters(), lambda i: fns(i)[0](0), lambda i, v: fns(i)[2](0, v),
+                                traj.timesteps[steps], window, anchors=k, variant="joint")
+        out["anchors"][str(k)] = {"positions": rep.positions, "cos_jagg": rep.cos_jagg, "cos_ablate": rep.cos_ablate,
+                                  "norm_ratio_jagg": rep.norm_ratio_jagg}
+    zero_grads(policy)
+    return out

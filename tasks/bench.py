@@ -1,0 +1,151 @@
+"""Stage `bench`: update-stage speed, memory and communication of exact vs JAGG vs ablate, side by side.
+
+    jagg bench [--model toy|large|both] [--windows 2,4,8] [--fracs 0.6,1.0] [--repeats 7] [--batch N] [--steps T]
+               [--threads N] [--no-memory] [--no-comm] [--out bench/] [--write-docs docs/benchmarks.md]
+               [--profile NAME] [--no-mlflow]
+
+Built-in models (random weights): `toy`, the embedded default's geometry, and `large`, a Flux-shaped ~36 M-parameter
+transformer. `--profile NAME` benchmarks that profile's real policy instead (its weights, its device: a GPU for
+flux/sd3/qwenimage). Each model writes `<out>/<timestamp>-<model>.json` and an MLflow run in the `jagg-bench`
+experiment; `--write-docs` renders all models of the run into one markdown page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from jagg_core.bench import (BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, run_bench, save_result,
+                             write_markdown)
+from jagg_core.config import Params
+
+from .common import ROOT, add_common_args, cli, load, parse_overrides, stage_logger, sweep_id
+
+__all__ = ["bench", "main", "parse_list"]
+
+EXPERIMENT = "jagg-bench"
+
+
+def parse_list(flag: str, text: str, kind: type, example: str) -> tuple:
+    """``"2,4,8"`` -> ``(2, 4, 8)``; anything else is a one-sentence error naming the flag."""
+    try:
+        return tuple(kind(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise BenchError(f"{flag} {text!r} must be a comma-separated list of {kind.__name__}s, e.g. {example}.") \
+            from None
+
+
+def _tracker(params: Params, root: Path):
+    from jagg_core.tracking import Tracker
+
+    tracking = params.tracking.model_copy(update={"experiment": EXPERIMENT})
+    return Tracker(params.model_copy(update={"tracking": tracking}), root)
+
+
+def _metrics(result: dict) -> dict[str, float]:
+    """The run's numbers as MLflow metrics, namespaced like the trainer's (``time/…``, ``jagg/…``)."""
+    m: dict[str, float] = {f"time/{k}": p["median"] for k, p in result["primitives"].items()}
+    for c in result["cells"]:
+        m[f"time/update/{c['key']}"] = c["time"]["median"]
+        m[f"bench/speedup/{c['key']}"] = c["speedup"]
+        m[f"bench/ideal_speedup/{c['key']}"] = c["ideal_speedup"]
+        m[f"bench/measured_over_ideal/{c['key']}"] = c["measured_over_ideal"]
+        if c["counts_per_group"]:
+            m[f"bench/backward_calls_per_group/{c['key']}"] = c["counts_per_group"]["backward_calls"]
+    for k, f in result["fidelity"]["anchors"].items():
+        for pos, cj in zip(f["positions"], f["cos_jagg"]):
+            m[f"jagg/cos_jagg/K{k}/g{pos}"] = cj
+    for row in result["memory"].get("variants", []):
+        m[f"memory/update_peak_mb/{row['variant']}"] = row["update_peak_mb"]
+    for row in result["comm"].get("allreduce", []):
+        m[f"comm/all_reduces/W{row['window']}/{row['variant']}"] = row["all_reduces"]
+    for row in result["comm"].get("fsdp2", []):
+        m[f"comm/fsdp_all_gathers_per_group_per_module/W{row['window']}/{row['variant']}"] = (
+            row["all_gathers_per_group_per_module"])
+    return m
+
+
+def _log_mlflow(tracker: Any, result: dict, path: Path) -> str:
+    """One run per model: params (the bench settings and the model), metrics, and the JSON as artifact."""
+    run_id = tracker.child_run(sweep_id(), f"bench-{result['model']['name']}", method=None, seed=None, key=path.stem,
+                               extra_tags={"jagg.bench": "1"})
+    tracker.log_params(run_id, {"bench": {**result["config"], "model": result["model"]["name"],
+                                          "trainable_params": result["model"]["trainable_params"],
+                                          "cpu": result["machine"]["cpu"], "device": result["machine"]["device"]}})
+    tracker.logger(run_id).log_metrics(_metrics(result), step=0)
+    tracker.log_artifact(run_id, path, "bench")
+    tracker.finish(run_id)
+    return run_id
+
+
+def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",), profile: bool = False,
+          root: Path = ROOT, out: str | Path = "bench", write_docs: str | Path | None = None, mlflow: bool = True,
+          params_path: str | Path | None = None, progress: bool = True) -> list[Path]:
+    """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
+    weights); returns the JSON files written under ``root / out``."""
+    from jagg_core.build import pick_device
+
+    cfg.validate()
+    log = stage_logger("bench")
+    root = Path(root)
+    device = str(pick_device(params))
+    specs = ([profile_spec(params, device=device, params_path=params_path or root / "params.yaml", root=root)]
+             if profile else [model_spec(m, params, device=device) for m in models])
+    tracker = _tracker(params, root) if mlflow else None  # a store that cannot be opened fails before the work
+    results, paths = [], []
+    for spec in specs:
+        result = run_bench(spec, cfg, progress=log.info if progress else None)
+        path = save_result(result, root / out)
+        log.info("bench %s: %s", spec.name, path)
+        if tracker is not None:
+            _log_mlflow(tracker, result, path)
+        results.append(result)
+        paths.append(path)
+    if write_docs:
+        log.info("bench: %s", write_markdown(results, root / write_docs))
+    return paths
+
+
+@cli
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="jagg bench", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(ap)
+    ap.add_argument("--model", default=None, help="toy | large | both (default toy; not with --profile)")
+    ap.add_argument("--windows", default="2,4,8", help="group sizes W, comma-separated")
+    ap.add_argument("--fracs", default="0.6,1.0", help="jagg_frac values, comma-separated")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds after one warm-up")
+    ap.add_argument("--batch", type=int, default=4, help="images per micro-batch")
+    ap.add_argument("--steps", type=int, default=16, help="trained steps T (a multiple of every W)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: resources.num_threads, else every usable core)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the per-variant memory probes")
+    ap.add_argument("--no-comm", action="store_true", help="skip the 2-process communication counts")
+    ap.add_argument("--out", default="bench", help="folder of the JSON results (repository-relative)")
+    ap.add_argument("--write-docs", default=None, metavar="PATH", help="also write the markdown tables here")
+    ap.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    args = ap.parse_args(argv)
+
+    if args.profile and args.model:
+        raise BenchError("--model picks a built-in model and --profile a profile's real policy; give one of them.")
+    model = args.model or "toy"
+    if model not in (*BUILTIN_MODELS, "both"):
+        raise BenchError(f"--model {model!r} is not one of toy, large, both.")
+    params = load(args.profile, args.params, parse_overrides(args.overrides))
+    models = list(BUILTIN_MODELS) if model == "both" else [model]
+    threads = args.threads if args.threads is not None else (
+        params.resources.num_threads or len(os.sched_getaffinity(0)))
+    cfg = BenchConfig(windows=parse_list("--windows", args.windows, int, "2,4,8"),
+                      fracs=parse_list("--fracs", args.fracs, float, "0.6,1.0"), repeats=args.repeats,
+                      batch=args.batch, steps=args.steps, threads=threads, memory=not args.no_memory,
+                      comm=not args.no_comm)
+    bench(params, cfg, models=models, profile=bool(args.profile), out=args.out, write_docs=args.write_docs,
+          mlflow=not args.no_mlflow, params_path=args.params)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""The pipeline with its real components: `dvc repro` in a fresh clone, a Prefect server and deployment, MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+
+
+def _env(root: Path, **extra) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"JAGG_ROOT": str(root), "PATH": f"{BIN}:{env.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)})
+    env.pop("PREFECT_API_URL", None)
+    env.update(extra)
+    return env
+
+
+def _clone(tmp_path: Path, profile: str = "ci") -> Path:
+    """A fresh git repository holding this checkout's files (committed or not), on ``profile``."""
+    root = tmp_path / "clone"
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, check=True).stdout.decode().split("\0")
+    for f in filter(None, files):
+        if (REPO / f).is_file():
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, root / f)
+    text = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(re.sub(r"(?m)^profile: \S+", f"profile: {profile}", text, count=1))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "clone"]):
+        subprocess.run(cmd, cwd=root, check=True)
+    return root
+
+
+def _run(cmd: list[str], root: Path, timeout: float = 900, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=root, env=_env(root, **env), capture_output=True, text=True, timeout=timeout)
+
+
+def _mlflow_runs(root: Path, experiment: str) -> dict[str, dict]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment}"
+    runs = client.search_runs([exp.experiment_id], "tags.`jagg.kind` = 'run'")
+    return {r.data.tags["jagg.run"]: {"metrics": r.data.metrics, "tags": r.data.tags, "id": r.info.run_id}
+            for r in runs}
+
+
+def _stale(root: Path) -> set[str]:
+    out = _run([str(BIN / "dvc"), "status", "--json"], root)
+    assert out.returncode == 0, out.stderr
+    return set(json.loads(out.stdout or "{}"))
+
+
+@pytest.mark.slow
+def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_path):
+    root = _clone(tmp_path)
+    first = _run([str(BIN / "dvc"), "repro"], root)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for method in ("baseline", "jagg", "ablate"):
+        run = f"{method}-s0"
+        assert (root / "checkpoints/ci" / run / "checkpoint-000002/manifest.json").exists()
+        assert (root / "runs/ci" / run / "curve.tsv").exists()
+        metrics = json.loads((root / "eval/ci" / run / "metrics.json").read_text())
+        assert metrics["step"] == 2 and "toy_fidelity" in metrics["metrics"]
+        assert [p["step"] for p in metrics["curve"]] == [1, 2]
+    assert json.loads((root / "eval/ci/base/metrics.json").read_text())["step"] == 0
+    # The report: its files exist and every image the HTML references is there.
+    index = (root / "reports/ci/index.html").read_text()
+    images = re.findall(r'src="([^"]+)"', index)
+    assert "grid.png" in images and "reward.png" in images
+    for src in images:
+        assert (root / "reports/ci" / src).is_file(), src
+    assert "jagg" in (root / "reports/ci/README.md").read_text()
+    # MLflow has every run with its training and evaluation metrics, tagged with its DVC stage.
+    runs = _mlflow_runs(root, "jagg-ci")
+    for method in ("baseline", "jagg", "ablate"):
+        r = runs[f"{method}-s0"]
+        assert {"reward/mean", "time/update", "train/backward_calls", "eval/toy_fidelity"} <= set(r["metrics"])
+        assert r["tags"]["method"] == method and r["tags"]["dvc_stage"].startswith("evaluate@")
+    assert _stale(root) == set()
+
+    # One method's param: exactly that method's train and evaluate, and the report, become stale.
+    text = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(text.replace("  jagg: {mode: jagg}", "  jagg: {mode: jagg, jagg_frac: 1.0}"))
+    assert _stale(root) == {"train@jagg-0", "evaluate@jagg-0", "report"}
+    second = _run([str(BIN / "dvc"), "repro"], root)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    ran = set(re.findall(r"Running stage '([^']+)'", second.stdout))
+    assert ran == {"train@jagg-0", "evaluate@jagg-0", "report"}
+    assert _stale(root) == set()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
+    root = _clone(tmp_path)
+    port = _free_port()
+    up = _run([str(BIN / "jagg"), "services", "up", "--prefect-port", str(port), "--mlflow-port", "0"], root,
+              timeout=300)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        api = f"http://127.0.0.1:{port}/api"
+        run = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "--watch", "--watch-timeout",
+                    "900"], root, timeout=1000, PREFECT_API_URL=api,
+                   PREFECT_HOME=str(root / ".services/prefect"))
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "Completed" in run.stdout
+    finally:
+        _run([str(BIN / "jagg"), "services", "down"], root, timeout=120)
+    runs = _mlflow_runs(root, "jagg-ci")
+    for method in ("baseline", "jagg", "ablate"):
+        r = runs[f"{method}-s0"]
+        assert {"reward/mean", "time/iteration", "eval/toy_fidelity"} <= set(r["metrics"])
+        assert r["tags"].get("prefect_flow_run_id")
+    assert (root / "reports/ci/index.html").exists()
+
+
+@pytest.mark.parametrize(
+    "override,fragment",
+    [
+        ("train.lr=abc", "train.lr = 'abc' is invalid"),
+        ("train.lrr=1", "unknown key 'train.lrr'"),
+        ("jagg.window=1", "jagg.window = 1 is invalid"),
+        ("jagg.jagg_frac=1.5", "jagg_frac must be a number in [0, 1] or 'auto'"),
+        ("model.backbone=sdxl", "unknown backbone"),
+        ("reward.weights={hps: 1}", "unknown reward 'hps'"),
+    ],
+)
+def test_bad_params_exit_nonzero_with_one_sentence_and_write_nothing(tmp_path, override, fragment):
+    root = tmp_path / "p"
+    root.mkdir()
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    out = _run([sys.executable, "-m", "tasks.prepare", "--profile", "ci", "--set", override], root, timeout=120)
+    assert out.returncode != 0
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("jagg: error: ") and fragment in lines[0], out.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]
