@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup run test
+.PHONY: setup run test repro
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,3 +22,6 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+repro: setup
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro

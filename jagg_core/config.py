@@ -317,12 +317,17 @@ class ResolvedMethod(JaggConfig):
     mode: Literal["exact", "jagg", "ablate"]
 
 
-def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """``overlay`` onto ``base``: mappings merge key by key, anything else replaces."""
+# Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.
+_REPLACED = {"reward.weights"}
+
+
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any], _path: str = "") -> dict[str, Any]:
+    """``overlay`` onto ``base``: mappings merge key by key (except :data:`_REPLACED`), anything else replaces."""
     out = copy.deepcopy(dict(base))
     for k, v in overlay.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = deep_merge(out[k], v)
+        path = f"{_path}{k}"
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and path not in _REPLACED:
+            out[k] = deep_merge(out[k], v, path + ".")
         else:
             out[k] = copy.deepcopy(v)
     return out

@@ -37,14 +37,15 @@ def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
 
-def cost_model_speedup(window: int, *, grad_forwards: float, nograd_forwards: float) -> float:
-    """Ideal update-stage speedup over exact from the cost model (forward 1, backward 2) and the forward counts.
+def cost_model_speedup(*, grad_forwards: float, nograd_forwards: float, reused: float = 0.0) -> float:
+    """Ideal update-stage speedup over exact from the cost model (forward 1, backward 2) and counted forwards.
 
-    Exact costs 3 per trained step; a method with ``grad_forwards`` with-grad and ``nograd_forwards`` no-grad
-    forwards costs ``3·grad + nograd`` (backward work scales with the graphs, not the calls). For the paper's JAGG
-    this is 3W/(W + 4); with rollout-velocity reuse, W/2.
+    Exact costs 3 per trained step; a method with ``grad_forwards`` with-grad forwards, ``nograd_forwards`` no-grad
+    forwards and ``reused`` velocities taken from the rollout costs ``3·grad + nograd`` for the same number of steps
+    (backward work scales with the graphs, not the calls). For the paper's JAGG this is 3W/(W + 4); with rollout-
+    velocity reuse W/2; with K anchors 3W/(W + 2K).
     """
-    steps = grad_forwards + nograd_forwards + 0.0
+    steps = grad_forwards + nograd_forwards + reused
     cost = 3 * grad_forwards + nograd_forwards
     return 3 * steps / cost if cost else float("nan")
 
@@ -86,8 +87,10 @@ def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
         for key in ("time/iteration", "time/rollout", "time/update", "time/backward"):
             row[key] = mean(curve, key)
         row["backward_calls"] = mean(curve, "train/backward_calls")
-        grad_f, nograd_f = mean(curve, "train/grad_forwards"), mean(curve, "train/nograd_forwards")
-        row["ideal_update_speedup"] = cost_model_speedup(m.window, grad_forwards=grad_f, nograd_forwards=nograd_f)
+        row["ideal_update_speedup"] = cost_model_speedup(
+            grad_forwards=mean(curve, "train/grad_forwards"), nograd_forwards=mean(curve, "train/nograd_forwards"),
+            reused=mean(curve, "jagg/reused_velocities"),
+        )
         if base:
             row["update_speedup"] = mean(base, "time/update") / row["time/update"]
             row["iteration_speedup"] = mean(base, "time/iteration") / row["time/iteration"]

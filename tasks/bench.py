@@ -7,7 +7,8 @@
 Built-in models (random weights): `toy`, the embedded default's geometry, and `large`, a Flux-shaped ~36 M-parameter
 transformer. `--profile NAME` benchmarks that profile's real policy instead (its weights, its device: a GPU for
 flux/sd3/qwenimage). Each model writes `<out>/<timestamp>-<model>.json` and an MLflow run in the `jagg-bench`
-experiment; `--write-docs` renders all models of the run into one markdown page.
+experiment; `--write-docs` renders all models of the run into one markdown page. The defaults take a few minutes
+for `toy` and about an hour for `large` on 2 CPU cores (run it on a quiet machine: other work distorts the times).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _metrics(result: dict) -> dict[str, float]:
         m[f"bench/measured_over_ideal/{c['key']}"] = c["measured_over_ideal"]
         if c["counts_per_group"]:
             m[f"bench/backward_calls_per_group/{c['key']}"] = c["counts_per_group"]["backward_calls"]
-    for k, f in result["fidelity"]["anchors"].items():
+    for k, f in result["fidelity"].get("anchors", {}).items():
         for pos, cj in zip(f["positions"], f["cos_jagg"]):
             m[f"jagg/cos_jagg/K{k}/g{pos}"] = cj
     for row in result["memory"].get("variants", []):
@@ -112,19 +113,21 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg bench", description=__doc__.splitlines()[0],
+                                 epilog=__doc__.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap)
-    ap.add_argument("--model", default=None, help="toy | large | both (default toy; not with --profile)")
-    ap.add_argument("--windows", default="2,4,8", help="group sizes W, comma-separated")
-    ap.add_argument("--fracs", default="0.6,1.0", help="jagg_frac values, comma-separated")
-    ap.add_argument("--repeats", type=int, default=7, help="timed rounds after one warm-up")
-    ap.add_argument("--batch", type=int, default=4, help="images per micro-batch")
-    ap.add_argument("--steps", type=int, default=16, help="trained steps T (a multiple of every W)")
+    ap.add_argument("--model", default=None,
+                    help="built-in model: toy | large | both (default toy; not with --profile)")
+    ap.add_argument("--windows", default="2,4,8", help="group sizes W, comma-separated (default 2,4,8)")
+    ap.add_argument("--fracs", default="0.6,1.0", help="jagg_frac values, comma-separated (default 0.6,1.0)")
+    ap.add_argument("--repeats", type=int, default=7, help="timed rounds after one warm-up (default 7)")
+    ap.add_argument("--batch", type=int, default=4, help="images per micro-batch (default 4)")
+    ap.add_argument("--steps", type=int, default=16, help="trained steps T, a multiple of every W (default 16)")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: resources.num_threads, else every usable core)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-variant memory probes")
     ap.add_argument("--no-comm", action="store_true", help="skip the 2-process communication counts")
-    ap.add_argument("--out", default="bench", help="folder of the JSON results (repository-relative)")
+    ap.add_argument("--out", default="bench", help="folder of the JSON results, repository-relative (default bench)")
     ap.add_argument("--write-docs", default=None, metavar="PATH", help="also write the markdown tables here")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
     args = ap.parse_args(argv)

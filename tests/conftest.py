@@ -59,3 +59,27 @@ def run_module(module: str, *args: str, root: Path, env: dict | None = None, tim
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", module, *args], cwd=root, env=e, capture_output=True, text=True,
                           timeout=timeout)
+
+
+WORKER_ARGS = ["--worker", "--profile", "ci", "--seed", "0", "--set", "reward.weights={jpeg_compressibility: 1.0}",
+               "--set", "train.iterations=4", "--set", "train.checkpoint_every=1"]
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(ci_base, tmp_path_factory):
+    """method -> the trainable tensors after 4 uninterrupted iterations of the ci profile (computed once)."""
+    from jagg_core.trainer.checkpoint import load_tensors
+
+    cache: dict[str, dict] = {}
+
+    def get(method: str) -> dict:
+        if method not in cache:
+            root = tmp_path_factory.mktemp(f"ref-{method}")
+            shutil.rmtree(root)
+            shutil.copytree(ci_base, root)
+            out = run_module("tasks.train", *WORKER_ARGS, "--method", method, root=root)
+            assert out.returncode == 0, out.stderr[-2000:]
+            cache[method] = load_tensors(root / f"checkpoints/ci/{method}-s0/checkpoint-000004/trainable.safetensors")
+        return cache[method]
+
+    return get

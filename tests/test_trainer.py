@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, run_module
+from conftest import REPO, WORKER_ARGS, run_module
 from jagg_core.config import load_params
 from jagg_core.paths import Layout
 from jagg_core.trainer import latest_checkpoint, train
@@ -77,31 +77,20 @@ def test_auto_jagg_frac_is_read_off_the_fidelity_curve(ci_project):
     assert res.history[0]["jagg/jagg_frac"] == 0.0 and res.history[0]["train/nograd_forwards"] == 0
 
 
-def _worker(root, *extra, env=None, iterations=4):
-    return run_module("tasks.train", "--worker", "--profile", "ci", "--method", "jagg", "--seed", "0",
-                      "--set", "reward.weights={jpeg_compressibility: 1.0}", "--set", f"train.iterations={iterations}",
-                      "--set", "train.checkpoint_every=1", *extra, root=root, env=env)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["rollout@3:kill", "update@2:kill", "checkpoint@3:kill"])
-def test_killed_training_resumes_to_the_same_parameters(ci_base, tmp_path, fault):
-    import shutil
-
-    ref, run = tmp_path / "ref", tmp_path / "run"
-    shutil.copytree(ci_base, ref)
-    shutil.copytree(ci_base, run)
-    assert _worker(ref).returncode == 0
-    killed = _worker(run, env={"JAGG_FAULT": fault})
+def test_killed_training_resumes_to_the_same_parameters(ci_project, uninterrupted, fault):
+    args = [*WORKER_ARGS, "--method", "jagg"]
+    killed = run_module("tasks.train", *args, root=ci_project, env={"JAGG_FAULT": fault})
     assert killed.returncode == -signal.SIGKILL
-    done = latest_checkpoint(Layout(run, "ci").checkpoints("jagg-s0"))
-    assert done is not None and done.iteration < 4  # it really died before the end
-    resumed = _worker(run)
+    done = latest_checkpoint(Layout(ci_project, "ci").checkpoints("jagg-s0"))
+    assert done is None or done.iteration < 4  # it really died before the end
+    resumed = run_module("tasks.train", *args, root=ci_project)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a = load_tensors(Layout(ref, "ci").checkpoints("jagg-s0") / "checkpoint-000004/trainable.safetensors")
-    b = load_tensors(Layout(run, "ci").checkpoints("jagg-s0") / "checkpoint-000004/trainable.safetensors")
+    a = uninterrupted("jagg")
+    b = load_tensors(Layout(ci_project, "ci").checkpoints("jagg-s0") / "checkpoint-000004/trainable.safetensors")
     assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6
-    rows = (Layout(run, "ci").curve("jagg-s0")).read_text().splitlines()
+    rows = (Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()
     assert [r.split("\t")[0] for r in rows[1:]] == ["1", "2", "3", "4"]  # the curve stays complete, no duplicates
 
 

@@ -70,6 +70,8 @@ def _work(r: dict) -> list[str]:
 def _fidelity(r: dict) -> list[str]:
     fid = r["fidelity"]
     w = fid["window"]
+    if "skipped" in fid:
+        return [f"Not measured at W = {w} ({fid['skipped']}).", ""]
     frac = max(r["config"]["fracs"])
     rows = []
     for k, f in fid["anchors"].items():

@@ -9,6 +9,7 @@ for K anchors at the largest W; peak memory per variant in fresh processes (:mod
 from __future__ import annotations
 
 import datetime as _dt
+import gc
 import json
 import os
 import platform
@@ -25,6 +26,7 @@ __all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VA
 
 SCHEMA = 1
 MEMORY_VARIANTS = ("exact", "jagg-joint", "jagg-sequential", "ablate", "jagg-reuse")
+FIDELITY_MAX_PARAMS = 300_000_000  # gradient_fidelity holds three float64 copies of the flat gradient
 
 
 @dataclass(frozen=True)
@@ -142,9 +144,17 @@ def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], No
     _analyse(cells, prim, cfg.steps)
 
     # Speed vs fidelity: K anchors at the largest W.
-    say(f"{spec.name}: gradient fidelity, W = {w_max}, K = {_csv(cfg.anchors)}")
-    fidelity = fidelity_by_anchors(policy, exp, w_max, cfg.anchors)
+    if n_params > FIDELITY_MAX_PARAMS:
+        fidelity = {"window": w_max, "skipped": f"{n_params / 1e9:.1f} B trainable parameters: gradient_fidelity's "
+                                                f"float64 copies of the flat gradient would not fit"}
+    else:
+        say(f"{spec.name}: gradient fidelity, W = {w_max}, K = {_csv(cfg.anchors)}")
+        fidelity = fidelity_by_anchors(policy, exp, w_max, cfg.anchors)
+    device = policy.device
     del policy, exp
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the memory probes run on the same GPU
 
     memory: dict = {"skipped": "--no-memory"}
     if cfg.memory:

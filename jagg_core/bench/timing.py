@@ -108,7 +108,7 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
 
     # Warm-up: each group once on its own, which also gives the per-group counts from GroupStats.
     _primitives_once(policy, velocity)
-    for cell in cells:
+    for i, cell in enumerate(cells):
         v = variant(cell.variant)
         groups = update_groups(exp, v, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
         plans[cell.key] = (v, groups)
@@ -122,7 +122,7 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
                              "jagg_frac": cell.jagg_frac, "per_group": per_group, "samples": [],
                              "backward_seconds": []}
         if progress:
-            progress(f"warm-up {cell.key}")
+            progress(f"warm-up {i + 1}/{len(cells)} {cell.key}")
 
     # Timed rounds: every cell once per round, in a shuffled order.
     rng = random.Random(seed)

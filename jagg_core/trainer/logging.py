@@ -15,6 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Protocol, Sequence
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 __all__ = ["MetricLogger", "NullLogger", "MultiLogger", "TsvCurve", "atomic_write_text", "atomic_write_bytes"]
 
 
@@ -24,6 +27,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any written file
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

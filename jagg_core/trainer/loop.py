@@ -27,7 +27,7 @@ from ..paths import Layout, run_name
 from ..build import pick_device, policy_from_params, reward_from_params
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import image_grid
-from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .distributed import Fsdp2Sync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
 from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve, atomic_write_text
@@ -147,6 +147,11 @@ def train(
     run_key = run_key or run_fingerprint(params, layout, method_name, seed)
     start, policy_version, jagg_frac = 0, 0, method.jagg_frac
     ckpt = latest_checkpoint(ckpt_root) if resume else None
+    if resume and ckpt is None and list_checkpoints(ckpt_root, check=False):
+        raise CheckpointError(
+            f"{ckpt_root} holds checkpoints but no complete checkpoint (every one is damaged); move the folder aside "
+            f"to start over."
+        )
     if ckpt is not None and ckpt.state().get("run_key") != run_key:
         old = ckpt.state().get("run_key", "unknown")
         if main:

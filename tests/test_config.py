@@ -1,0 +1,86 @@
+"""params.yaml: every profile validates, overlays merge, errors are one sentence naming field, value and fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from jagg_core.config import KNOWN_BACKBONES, KNOWN_REWARDS, ParamsError, load_params
+
+
+@pytest.mark.parametrize("profile", ["toy", "toy-full", "ci", "flux", "qwenimage", "sd3"])
+def test_every_profile_of_the_repo_validates(profile):
+    p = load_params(REPO / "params.yaml", profile)
+    assert p.profile == profile
+    for m in p.run.methods:
+        assert p.method(m).window >= 2
+
+
+def test_paper_profiles_use_the_papers_settings():
+    for name in ("flux", "qwenimage", "sd3"):
+        p = load_params(REPO / "params.yaml", name)
+        assert p.jagg.window == 4 and p.jagg.jagg_frac == 0.6
+        assert p.reward.weights == {"hpsv2.1": 1.0, "clipscore": 1.0}
+        assert set(p.eval.metrics) == {"hpsv2.1", "pickscore", "clipscore"}
+    assert load_params(REPO / "params.yaml", "flux").sample.recipe == "dance_grpo"
+    assert load_params(REPO / "params.yaml", "qwenimage").sample.recipe == "flow_grpo_fast"
+
+
+def test_the_registries_match_the_names_the_config_knows():
+    from jagg_core.policies import available_backbones
+    from jagg_core.rewards import available_rewards
+
+    assert tuple(available_backbones()) == KNOWN_BACKBONES
+    assert tuple(available_rewards()) == KNOWN_REWARDS
+
+
+def test_overlays_merge_deeply_and_overrides_win(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("train: {lr: 0.1, iterations: 3}\nprofiles:\n  fast: {train: {iterations: 1}}\n")
+    p = load_params(f, "fast", {"train.lr": 0.5})
+    assert (p.train.lr, p.train.iterations, p.profile) == (0.5, 1, "fast")
+    assert load_params(f).train.iterations == 3
+
+
+def test_method_overrides_apply_only_to_their_method():
+    p = load_params(REPO / "params.yaml", "toy", {"methods.jagg.window": 8})
+    assert p.method("jagg").window == 8 and p.method("ablate").window == p.jagg.window == 4
+    assert p.method("jagg-reuse").reuse_rollout_velocity and not p.method("jagg").reuse_rollout_velocity
+    with pytest.raises(ParamsError, match="unknown method 'x'"):
+        p.method("x")
+
+
+@pytest.mark.parametrize(
+    "yaml_text,message",
+    [
+        ("train: {lr: abc}", "params.yaml (profile toy): train.lr = 'abc' is invalid: Input should be a valid number"),
+        ("train: {lrr: 1}", "params.yaml (profile toy): unknown key 'train.lrr'; valid keys there: iterations, lr,"),
+        ("jagg: {window: 1}", "jagg.window = 1 is invalid: Input should be greater than or equal to 2."),
+        ("jagg: {jagg_frac: 2}", "jagg.jagg_frac = 2 is invalid: jagg_frac must be a number in [0, 1] or 'auto'."),
+        ("jagg: {jagg_frac: autos}", "jagg_frac must be a number in [0, 1] or 'auto'"),
+        ("model: {backbone: sdxl}", "unknown backbone; use one of flux, qwenimage, sd3, toy-flux."),
+        ("reward: {weights: {hps: 1}}", "unknown reward 'hps'; use one of clipscore, hpsv2.1"),
+        ("[1, 2", "params.yaml is not valid YAML"),
+        ("- 1\n- 2\n", "params.yaml must be a mapping of sections"),
+        ("sample: {recipe: flow_grpo_fast, num_steps: 4, sde_window_size: 4, sde_window_range: [0, 3]}",
+         "does not fit in num_steps 4"),
+    ],
+)
+def test_invalid_values_are_one_sentence(tmp_path, yaml_text, message):
+    f = tmp_path / "params.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(ParamsError) as e:
+        load_params(f)
+    text = str(e.value)
+    assert message in text and text.count("\n") == 0 and text.endswith(".")
+
+
+def test_missing_file_and_unknown_profile(tmp_path):
+    with pytest.raises(ParamsError, match="does not exist"):
+        load_params(tmp_path / "nope.yaml")
+    f = tmp_path / "params.yaml"
+    f.write_text("profiles: {a: {}}\n")
+    with pytest.raises(ParamsError, match="unknown profile 'b'; profiles in params.yaml: a."):
+        load_params(f, "b")
