@@ -126,7 +126,7 @@ def plan_groups(
 ) -> list[Group]:
     """Cut the trained steps into groups of ``window`` consecutive steps and route each to a backward mode.
 
-    The first ``floor(jagg_frac · n_full)`` full groups in denoising order (high noise first) use ``mode``; the rest
+    The first ``round(jagg_frac · n_full)`` full groups in denoising order (high noise first) use ``mode``; the rest
     and a trailing partial group use exact backward. ``fraction < 1`` keeps a random subset of whole groups
     (DanceGRPO's timestep_fraction, never single steps out of a group); a kept group keeps its routing.
 
@@ -149,7 +149,7 @@ def plan_groups(
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     chunks = [tuple(steps[i : i + window]) for i in range(0, len(steps), window)]
     n_full = len(steps) // window
-    n_routed = 0 if mode == "exact" else math.floor(jagg_frac * n_full + 1e-9)
+    n_routed = 0 if mode == "exact" else math.floor(jagg_frac * n_full + 0.5)  # round half up
     groups = [Group(c, mode if i < n_routed else "exact", i) for i, c in enumerate(chunks)]
     if fraction < 1.0 and groups:
         keep = max(1, round(fraction * len(groups)))

@@ -20,7 +20,7 @@ from .config import Params
 from .paths import Layout, run_name
 from .trainer.logging import atomic_write_bytes, atomic_write_text
 
-__all__ = ["build_report", "read_curve", "speed_table", "cost_model_speedup"]
+__all__ = ["build_report", "cost_model_speedup", "fidelity_by_position", "read_curve", "speed_table"]
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -137,6 +137,49 @@ def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base
     return True
 
 
+def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[float, float, int]]]:
+    """Mean ± std of cos(JAGG, exact) and cos(ablate, exact) per group position over every logged measurement."""
+    out: dict[str, dict[int, list[float]]] = {"jagg": {}, "ablate": {}}
+    for r in runs:
+        for row in r.curve:
+            for key, v in row.items():
+                for kind in ("jagg", "ablate"):
+                    prefix = f"jagg/cos_{kind}/g"
+                    if key.startswith(prefix) and v == v:
+                        out[kind].setdefault(int(key[len(prefix):]), []).append(v)
+    return {k: {g: (*_mean_std(vs), len(vs)) for g, vs in sorted(d.items())} for k, d in out.items()}
+
+
+def _plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not fid["jagg"]:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for kind, colour in (("jagg", "C1"), ("ablate", "C2")):
+        pts = sorted(fid[kind].items())
+        if pts:
+            xs = [g for g, _ in pts]
+            ys = [m for _, (m, _, _) in pts]
+            es = [s for _, (_, s, _) in pts]
+            ax.errorbar(xs, ys, yerr=es, marker="o", color=colour, capsize=3, label=f"cos({kind}, exact)")
+    ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"threshold {threshold}")
+    ax.set_xlabel("group position along the trajectory (0 = highest noise)")
+    ax.set_ylabel("cosine to the exact gradient")
+    ax.set_title("gradient fidelity by group position")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return True
+
+
 def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_style: int = 2) -> list[str]:
     """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step."""
     import torch
@@ -206,11 +249,15 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         if _plot_curves(runs, f"eval/{m}", f"evaluation: {m} (test set)", out / f"eval-{m}.png", base_point=bp,
                         from_eval=True):
             figures[f"eval/{m}"] = f"eval-{m}.png"
+    fid = fidelity_by_position(runs)
+    if _plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
+        figures["fidelity"] = "fidelity.png"
     grid_columns = _grid(params, lay, runs, out / "grid.png")
     if grid_columns:
         figures["grid"] = "grid.png"
 
     summary = {"profile": params.profile, "final": final, "speed": speed, "figures": figures,
+               "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
                "grid_columns": grid_columns}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")

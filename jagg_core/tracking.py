@@ -75,6 +75,11 @@ class Tracker:
         self.root = Path(root)
         self.uri = resolve_uri(params.tracking.mlflow_uri, root)
         self.retries = params.tracking.retries if retries is None else retries
+        if self.uri.startswith(("http://", "https://")):
+            # Our own loop retries (with backoff) every call; MLflow's HTTP layer would add up to 7 retries with
+            # exponential backoff per call (minutes for an absent server). Explicit environment settings win.
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+            os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client = MlflowClient(tracking_uri=self.uri)
         name = params.tracking.experiment.format(profile=params.profile)
         try:

@@ -36,6 +36,7 @@ class ServiceError(RuntimeError):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The error types whose message is written for the user: printed as one sentence, no traceback."""
+    from jagg_core.evaluation.benchmark import PromptFileError
     from jagg_core.evaluation.evaluate import EvalError
     from jagg_core.policies.base import PolicyError
     from jagg_core.rewards.base import RewardError
@@ -43,7 +44,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from jagg_core.trainer import CheckpointError, TrainingError
 
     return (ParamsError, PolicyError, RewardError, EvalError, TrainingError, CheckpointError, TrackingError,
-            ServiceError, FileNotFoundError)
+            ServiceError, FileNotFoundError, PromptFileError)
 
 
 USER_ERRORS = _user_errors()

@@ -15,14 +15,32 @@ from jagg_core.trainer.logging import atomic_write_text
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
 
-def pretrain(params: Params, lay: Layout, *, progress: bool = True) -> dict:
-    """Write ``models/<profile>/base/`` (toy) or a card naming the real weights; returns the model card."""
+def _same_recipe(card_path, params: Params) -> bool:
+    """Whether the saved base model was pretrained with exactly these ``pretrain`` and ``world`` params."""
+    try:
+        card = json.loads(card_path.read_text())
+    except (OSError, ValueError):
+        return False
+    want = json.loads(json.dumps({"pretrain": params.pretrain.model_dump(), "world": params.world.model_dump()}))
+    return isinstance(card, dict) and all(card.get(k) == v for k, v in want.items())
+
+
+def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool = False) -> dict:
+    """Write ``models/<profile>/base/`` (toy) or a card naming the real weights; returns the model card.
+
+    A toy base model already saved with the same ``pretrain`` and ``world`` params is kept (``force`` retrains it):
+    rerunning the flow does not pay for pretraining again, and never changes the base of finished runs.
+    """
     log = stage_logger("pretrain")
     if not params.is_toy:
         card = {"backbone": params.model.backbone, "path": params.model.path, "pretrained": "external weights"}
         atomic_write_text(lay.base_model / "card.json", json.dumps(card, indent=2) + "\n")
         log.info("%s uses its own weights (%s); nothing to pretrain", params.model.backbone, params.model.path)
         return card
+    card_path = lay.base_model / "card.json"
+    if not force and (lay.base_model / "transformer").is_dir() and _same_recipe(card_path, params):
+        log.info("base model %s is up to date (same pretrain and world params); kept", lay.base_model)
+        return json.loads(card_path.read_text())
     from jagg_core.evaluation import load_hps_benchmark
     from jagg_core.pretrain import pretrain_toy
 
@@ -45,9 +63,10 @@ def pretrain_task(params: Params) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg pretrain", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    ap.add_argument("--force", action="store_true", help="pretrain again even if the saved base model is up to date")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    pretrain(params, layout(params))
+    pretrain(params, layout(params), force=args.force)
     return 0
 
 

@@ -84,3 +84,21 @@ def test_missing_file_and_unknown_profile(tmp_path):
     f.write_text("profiles: {a: {}}\n")
     with pytest.raises(ParamsError, match="unknown profile 'b'; profiles in params.yaml: a."):
         load_params(f, "b")
+
+
+def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
+    """`dvc repro` refuses a stage whose params key is missing, so each listed key must be in params.yaml."""
+    import yaml
+
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    missing = []
+    for name, stage in stages.items():
+        for key in stage.get("params", []):
+            cur = params
+            for part in key.replace("${profile}", params["profile"]).replace("${item.method}", "jagg").split("."):
+                if not (isinstance(cur, dict) and part in cur):
+                    missing.append(f"{name}: {key}")
+                    break
+                cur = cur[part]
+    assert not missing

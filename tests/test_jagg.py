@@ -120,11 +120,13 @@ def test_anchor_weights_generalise_the_two_endpoint_rule():
 def test_plan_groups_routes_leading_groups_and_keeps_partial_group_exact():
     groups = plan_groups(18, 4, 0.6, mode="jagg")
     assert [g.steps for g in groups] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15), (16, 17)]
-    # floor(0.6 · 4 full groups) = 2 JAGG groups, high-noise first; the partial group is exact
+    # round(0.6 · 4 full groups) = 2 JAGG groups, high-noise first; the partial group is exact
     assert [g.mode for g in groups] == ["jagg", "jagg", "exact", "exact", "exact"]
     assert [g.mode for g in plan_groups(18, 4, 1.0, mode="ablate")] == ["ablate"] * 4 + ["exact"]
     assert {g.mode for g in plan_groups(18, 4, 1.0, mode="exact")} == {"exact"}
     assert {g.mode for g in plan_groups(8, 4, 0.0)} == {"exact"}
+    assert [g.mode for g in plan_groups(12, 4, 0.6)] == ["jagg", "jagg", "exact"]  # 0.6 · 3 = 1.8 → 2
+    assert [g.mode for g in plan_groups(8, 4, 0.6)] == ["jagg", "exact"]  # 1.2 → 1
     custom = plan_groups([3, 4, 5, 6, 7, 8], 3, 0.5)  # trained step indices, e.g. a Flow-GRPO-Fast SDE window
     assert [(g.steps, g.mode, g.position) for g in custom] == [((3, 4, 5), "jagg", 0), ((6, 7, 8), "exact", 1)]
 

@@ -97,7 +97,9 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     # One method's param: exactly that method's train and evaluate, and the report, become stale.
     text = (root / "params.yaml").read_text()
     (root / "params.yaml").write_text(text.replace("  jagg: {mode: jagg}", "  jagg: {mode: jagg, jagg_frac: 1.0}"))
-    assert _stale(root) == {"train@jagg-0", "evaluate@jagg-0", "report"}
+    # `dvc status` names the stages whose own params or deps changed; `dvc repro` then also reruns what depends on
+    # their outputs (evaluate@jagg-0 reads the new checkpoints).
+    assert _stale(root) == {"train@jagg-0", "report"}
     second = _run([str(BIN / "dvc"), "repro"], root)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     ran = set(re.findall(r"Running stage '([^']+)'", second.stdout))
@@ -155,3 +157,20 @@ def test_bad_params_exit_nonzero_with_one_sentence_and_write_nothing(tmp_path, o
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("jagg: error: ") and fragment in lines[0], out.stderr
     assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]
+
+
+def test_pretrain_keeps_an_up_to_date_base_model_and_retrains_a_stale_one(ci_project):
+    from jagg_core.config import load_params
+    from jagg_core.paths import Layout
+    from tasks.pretrain import pretrain
+
+    lay = Layout(ci_project, "ci")
+    weights = next((lay.base_model / "transformer").glob("*.safetensors"))
+    before = weights.read_bytes()
+    params = load_params(ci_project / "params.yaml", "ci")
+    card = pretrain(params, lay, progress=False)
+    assert card["steps"] == params.pretrain.steps and weights.read_bytes() == before  # kept, not retrained
+    changed = load_params(ci_project / "params.yaml", "ci", {"pretrain.seed": 1})
+    pretrain(changed, lay, progress=False)
+    assert json.loads((lay.base_model / "card.json").read_text())["seed"] == 1
+    assert next((lay.base_model / "transformer").glob("*.safetensors")).read_bytes() != before

@@ -103,6 +103,7 @@ def test_two_processes_update_like_one(ci_base, tmp_path):
     shutil.copytree(ci_base, one)
     shutil.copytree(ci_base, two)
     args = ["--profile", "ci", "--method", "jagg", "--seed", "0", "--set", "reward.weights={jpeg_compressibility: 1.0}",
+            "--set", "train.adam_eps=1.0", "--set", "train.lr=1.0",  # an update linear in the gradient
             "--set", "train.iterations=1", "--set", "sample.batch_size=4", "--set", "train.micro_batch=4"]
     env = {"JAGG_ROOT": str(one), "PYTHONPATH": str(REPO)}
     r1 = subprocess.run([sys.executable, "-m", "tasks.train", "--worker", *args], cwd=one,
@@ -120,7 +121,7 @@ def test_two_processes_update_like_one(ci_base, tmp_path):
     moved = max(float((a[k] - base[k]).abs().max()) for k in a)
     diff = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert moved > 1e-4  # the step did something
-    assert diff <= 1e-5 * max(1.0, moved / 1e-3), (diff, moved)  # float32 reduction order only
+    assert diff <= 1e-3 * moved, (diff, moved)  # float32 reduction order only
     curve = (Layout(two, "ci").curve("jagg-s0")).read_text().splitlines()
     head, row = curve[0].split("\t"), curve[1].split("\t")
     assert float(row[head.index("train/all_reduces")]) == 1  # one gradient all-reduce per optimizer step

@@ -37,6 +37,7 @@ __all__ = [
     "check_style",
     "image_path",
     "load_image",
+    "PromptFileError",
     "load_hps_benchmark",
     "score_image_folder",
     "score_records",
@@ -77,15 +78,19 @@ def _download_hint(styles: Sequence[str]) -> str:
     )
 
 
+class PromptFileError(ValueError):
+    """A benchmark prompt file is unreadable or malformed; the message is for the user."""
+
+
 def _read_prompts(path: Path) -> list[str]:
     try:
         prompts = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+        raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
     except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text.") from None
+        raise PromptFileError(f"{path} is not UTF-8 text.") from None
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-        raise ValueError(f"{path} must hold a non-empty JSON list of prompt strings.")
+        raise PromptFileError(f"{path} must hold a non-empty JSON list of prompt strings.")
     return prompts
 
 

@@ -76,6 +76,24 @@ def read_prompts(path: str | Path) -> list[str]:
     return prompts
 
 
+def _optimizer_state(optimizer, module, *, sharded: bool) -> dict:
+    """The optimizer state to save; under FSDP2 gathered to full tensors (a collective: every rank calls it)."""
+    if not sharded:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _load_optimizer(optimizer, module, state: dict, *, sharded: bool) -> None:
+    if not sharded:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
 def _iteration_prompts(train_prompts: Sequence[str], n: int, seed: int, iteration: int) -> list[int]:
     g = torch.Generator().manual_seed(derive_seed(seed, iteration, -2))
     return torch.randint(len(train_prompts), (n,), generator=g).tolist()
@@ -165,7 +183,7 @@ def train(
     if ckpt is not None:
         state = ckpt.state()
         load_trainable_state_dict(policy.transformer, ckpt.tensors())
-        optimizer.load_state_dict(ckpt.optimizer_state())
+        _load_optimizer(optimizer, policy.transformer, ckpt.optimizer_state(), sharded=isinstance(sync, Fsdp2Sync))
         if ema is not None and (ckpt.path / "ema.safetensors").exists():
             ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
         start, policy_version = int(state["iteration"]), int(state["policy_version"])
@@ -185,7 +203,7 @@ def train(
                  "method": method_name, "seed": seed,
                  "metrics": metrics, "params": params.model_dump(mode="json")}
         trainable_state = trainable_state_dict(policy.transformer)  # collective under FSDP: every rank takes part
-        opt_state = optimizer.state_dict() if world == 1 or not isinstance(sync, Fsdp2Sync) else None
+        opt_state = _optimizer_state(optimizer, policy.transformer, sharded=isinstance(sync, Fsdp2Sync))
         path = None
         if main:
             path = save_checkpoint(ckpt_root, iteration, trainable=trainable_state, optimizer=opt_state,
@@ -234,8 +252,13 @@ def train(
                 gathered = accelerator.gather(val.float().to(accelerator.device)).cpu()
                 metrics[f"{key}/mean"] = float(gathered.mean())
                 metrics[f"{key}/std"] = float(gathered.std()) if gathered.numel() > 1 else 0.0
-        advantages = group_advantages(rewards, traj.group_ids, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
-                                      global_std=tcfg.global_std)
+        # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
+        # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
+        all_groups = accelerator.gather(traj.group_ids.to(accelerator.device)).cpu()
+        all_adv = group_advantages(all_rewards, all_groups, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
+                                   global_std=tcfg.global_std)
+        rank = accelerator.process_index
+        advantages = all_adv[rank * traj.batch_size : (rank + 1) * traj.batch_size]
         finite = bool(torch.isfinite(advantages).all())
         # Groups whose advantages are all zero carry no signal: skip their images (not under FSDP, where every
         # rank must run the same collectives).
@@ -317,7 +340,9 @@ def train(
         metrics["train/skipped_updates"] = skipped
         metrics["train/policy_version"] = policy_version
 
-        # Numerical faults: a non-finite update is skipped; too many in a row stop the run.
+        metrics["time/iteration"] = time.perf_counter() - t_iter
+        sink.log_metrics(metrics, step)
+        # Numerical faults: a non-finite update is skipped; too many in a row stop the run (after logging the row).
         if skipped:
             consecutive_skips += 1
             log.warning("iteration %d: non-finite reward, loss or gradient; update skipped", step)
@@ -328,8 +353,6 @@ def train(
                 )
         else:
             consecutive_skips = 0
-        metrics["time/iteration"] = time.perf_counter() - t_iter
-        sink.log_metrics(metrics, step)
         if main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
             k = min(8, traj.batch_size)
             sink.log_image(image_grid(traj.images[:k], prompts_b[:k], ncols=4), "rollout", step)
