@@ -214,6 +214,28 @@ def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_styl
     return [t for t, _ in columns]
 
 
+def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str = "toy_fidelity") -> Path:
+    """The evaluated base model's first test images of each style, captioned with prompt and ``metric`` (a PNG)."""
+    import torch
+
+    from .evaluation.benchmark import image_path, load_image
+    from .sampling import image_grid
+
+    card = lay.eval_dir("base") / "metrics.json"
+    if not card.exists():
+        raise FileNotFoundError(f"{card} does not exist; evaluate the base model first (`jagg evaluate --run base`).")
+    root = lay.root / json.loads(card.read_text())["images"]
+    rows = [json.loads(x) for x in (root.parent / "scores.jsonl").read_text().splitlines()]
+    picked = [x for x in rows if x["index"] < per_style]
+    images = torch.stack([load_image(image_path(root, x["style"], x["index"])) for x in picked])
+    captions = [f"{x['prompt']} [{metric} {x[metric]:.2f}]" if metric in x else x["prompt"] for x in picked]
+    grid = image_grid(images, captions, ncols=per_style, scale=5, caption_width=24)
+    buf = io.BytesIO()
+    grid.save(buf, format="PNG")
+    atomic_write_bytes(Path(out), buf.getvalue())
+    return Path(out)
+
+
 def _fmt(x: Any, digits: int = 4) -> str:
     if isinstance(x, float):
         return "–" if math.isnan(x) else f"{x:.{digits}f}"

@@ -10,7 +10,7 @@ from prefect import task
 from jagg_core.config import Params
 from jagg_core.paths import Layout
 
-from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger, sweep_id
+from .common import ROOT, add_common_args, cli, layout, load, parse_overrides, stage_logger, sweep_id
 
 
 def report(params: Params, lay: Layout) -> dict:
@@ -52,8 +52,15 @@ def report_task(params: Params) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg report", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    ap.add_argument("--base-grid", default=None, metavar="PNG",
+                    help="only write a grid of the evaluated base model's test images here (e.g. docs/base_model_grid.png)")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
+    if args.base_grid:
+        from jagg_core.report import base_model_grid
+
+        print(base_model_grid(layout(params), ROOT / args.base_grid))
+        return 0
     report(params, layout(params))
     return 0
 

@@ -59,8 +59,10 @@ def test_json_structure(tiny):
     assert r["memory"] == {"skipped": "--no-memory"} and r["comm"] == {"skipped": "--no-comm"}
     docs = (root / "docs" / "benchmarks.md").read_text()
     for heading in ("## Machine", "### Update time per micro-batch", "### Speed vs gradient fidelity",
-                    "### Peak memory", "### Communication", "| any | — | exact |"):
+                    "### Peak memory", "### Communication", "| any | — | exact |", "## Reproduce"):
         assert heading in docs
+    assert "jagg bench --model toy --windows" in docs and "--write-docs docs/benchmarks.md" in docs
+    assert "Settings: a stored rollout of" in docs
 
 
 # (with-grad forwards, forward calls, no-grad forwards, reused velocities, backward calls) per routed group

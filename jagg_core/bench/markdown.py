@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import statistics
 from pathlib import Path
 from typing import Sequence
@@ -26,18 +28,31 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 def _machine(results: Sequence[dict]) -> list[str]:
     m = results[0]["machine"]
-    cfg = results[0]["config"]
     gpu = f", GPU {m['gpu']}" if "gpu" in m else ""
-    load = f"load average {m['loadavg_start'][0]:.2f} at the start, {m.get('loadavg_end', [float('nan')])[0]:.2f} " \
-           f"at the end"
     return [
         "## Machine", "",
-        f"{m['cpu']}, {m['usable_cores']} of {m['cores']} cores usable, {m['threads']} torch thread(s) "
-        f"(`torch.set_num_threads({cfg['threads']})`), device `{m['device']}`{gpu}; torch {m['torch']}, "
-        f"diffusers {m.get('diffusers', '?')}, Python {m['python']} on {m['platform']}; {load}. "
-        "Numbers from a machine shared with other work are noisy: compare the spread columns before reading a speedup.",
+        f"{m['cpu']}, {m['usable_cores']} of {m['cores']} cores usable, device `{m['device']}`{gpu}; torch "
+        f"{m['torch']}, diffusers {m.get('diffusers', '?')}, Python {m['python']} on {m['platform']}. Each model's "
+        "settings (threads, batch, rounds) and the load average around its run are given in its section. Numbers "
+        "from a machine shared with other work are noisy: compare the spread columns before reading a speedup.",
         "",
     ]
+
+
+def _settings(r: dict) -> str:
+    cfg, m = r["config"], r["machine"]
+    load = (f"load average {m['loadavg_start'][0]:.2f} at the start, "
+            f"{m.get('loadavg_end', [float('nan')])[0]:.2f} at the end")
+    return (f"Settings: a stored rollout of {cfg['steps']} SDE steps, micro-batch of {cfg['batch']} images, "
+            f"{cfg['repeats']} timed rounds, {m['threads']} torch thread(s); {load}.")
+
+
+def _command(r: dict, model_flag: str | None = None) -> str:
+    cfg, m = r["config"], r["model"]
+    which = model_flag or (f"--profile {m['spec']['profile']}" if m["kind"] == "profile" else f"--model {m['name']}")
+    return (f"jagg bench {which} "
+            f"--windows {','.join(map(str, cfg['windows']))} --fracs {','.join(f'{x:g}' for x in cfg['fracs'])} "
+            f"--repeats {cfg['repeats']} --batch {cfg['batch']} --steps {cfg['steps']} --threads {cfg['threads']}")
 
 
 def _speed(r: dict) -> list[str]:
@@ -128,16 +143,14 @@ def _comm(r: dict) -> list[str]:
 
 def render_markdown(results: Sequence[dict]) -> str:
     """The whole page for one or more models of the same run."""
-    cfg = results[0]["config"]
     lines = [
         "# Update-stage benchmark: exact vs JAGG vs ablate", "",
         f"_Written by `jagg bench` on {results[0]['created']}; regenerate it rather than editing it._", "",
-        f"Every variant differentiates the same stored rollout ({cfg['steps']} SDE steps, micro-batch of "
-        f"{cfg['batch']} images, random nonzero advantages) with the same policy, through the trainer's own "
-        "`plan_groups` → `accumulate_gradients` → `group_backward`. Each of the "
-        f"{cfg['repeats']} rounds (after one warm-up) runs every variant once in a shuffled order; times are "
+        "Every variant differentiates the same stored rollout (random nonzero advantages) with the same policy, "
+        "through the trainer's own `plan_groups` → `accumulate_gradients` → `group_backward`. Each timed round "
+        "(after one warm-up) runs every variant once in a shuffled order; times are "
         "medians over rounds with their interquartile range and min–max; speedup = median exact / median variant, "
-        "from the same run. *Ideal* is the cost model (ARCHITECTURE §1) with the policy's measured no-grad forward "
+"from the same run. *Ideal* is the cost model (ARCHITECTURE §1) with the policy's measured no-grad forward "
         "f0, with-grad forward f and backward b: exact W·(f + b) per group, K-anchor JAGG (W − K)·f0 + K·(f + b) "
         "(the paper's JAGG: K = 2), with rollout-velocity reuse K·(f + b). *Textbook* is the same model with "
         "f0 = f = 1, b = 2: 3W/(W + 4) per JAGG group, W/2 with reuse. Groups not routed to JAGG "
@@ -155,6 +168,7 @@ def render_markdown(results: Sequence[dict]) -> str:
         lines += [
             f"## Model `{m['name']}` ({m['trainable_params'] / 1e6:.2f} M trainable parameters{shape}, "
             f"{m['weights']} weights)", "",
+            _settings(r), "",
             f"Primitive costs at batch {r['config']['batch']} (medians): no-grad forward f0 = {_s(f0)} s, with-grad "
             f"forward f = {_s(f)} s, backward b = {_s(b)} s (b/f = {b / f:.2f}).", "",
             "### Update time per micro-batch", "", *_speed(r),
@@ -163,13 +177,19 @@ def render_markdown(results: Sequence[dict]) -> str:
             "### Peak memory", "", *_memory(r),
             "### Communication", "", *_comm(r),
         ]
-    first = results[0]["model"]
-    which = (f"--profile {first['spec']['profile']}" if first["kind"] == "profile" else
-             f"--model {'both' if len(results) > 1 else first['name']}")
-    cmd = (f"jagg bench {which} "
-           f"--windows {','.join(map(str, cfg['windows']))} --fracs {','.join(f'{x:g}' for x in cfg['fracs'])} "
-           f"--repeats {cfg['repeats']} --batch {cfg['batch']} --steps {cfg['steps']} --threads {cfg['threads']} "
-           "--write-docs docs/benchmarks.md")
+    same = len({json.dumps({k: v for k, v in r["config"].items()}, sort_keys=True) for r in results}) == 1
+    builtin = all(r["model"]["kind"] != "profile" for r in results)
+    if len(results) > 1 and same and builtin:
+        cmds = [_command(results[0], "--model both")]
+    else:
+        cmds = [_command(r) for r in results]
+    cmd = "\n".join(cmds)
+    if len(cmds) == 1:
+        cmd += " --write-docs docs/benchmarks.md"
+    else:
+        cmd += ("\n# then render both JSON results into one page:\npython -c \"import glob, json; "
+                "from jagg_core.bench import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
+                "f'bench/*-{m}.json'))[-1])) for m in ('toy', 'large')], 'docs/benchmarks.md')\"")
     lines += ["## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
               "profile's policy from its weights; communication is counted on the built-in models only).", ""]
