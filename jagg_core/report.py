@@ -100,6 +100,19 @@ def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def _save_figure(fig, ax, path: Path) -> None:
+    """Grid, legend, tight layout; written atomically as PNG and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base_point: float | None = None,
                  from_eval: bool = False) -> bool:
     import matplotlib
@@ -127,13 +140,7 @@ def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base
         return False
     ax.set_title(title)
     ax.set_xlabel("iteration")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save_figure(fig, ax, path)
     return True
 
 
@@ -170,13 +177,7 @@ def _plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
     ax.set_xlabel("group position along the trajectory (0 = highest noise)")
     ax.set_ylabel("cosine to the exact gradient")
     ax.set_title("gradient fidelity by group position")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save_figure(fig, ax, path)
     return True
 
 
