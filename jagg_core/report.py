@@ -100,6 +100,13 @@ def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
     return rows
 
 
+def _save_png(image, path: Path) -> None:
+    """A PIL image written atomically as PNG."""
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    atomic_write_bytes(path, buf.getvalue())
+
+
 def _save_figure(fig, ax, path: Path) -> None:
     """Grid, legend, tight layout; written atomically as PNG and closed."""
     import matplotlib.pyplot as plt
@@ -209,9 +216,7 @@ def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_styl
             captions.append(x["prompt"] if title == columns[0][0] else "")
     grid = image_grid(torch.stack(images), captions, ncols=len(columns), scale=6,
                       col_titles=[t for t, _ in columns], caption_width=40)
-    buf = io.BytesIO()
-    grid.save(buf, format="PNG")
-    atomic_write_bytes(out, buf.getvalue())
+    _save_png(grid, out)
     return [t for t, _ in columns]
 
 
@@ -231,9 +236,7 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     images = torch.stack([load_image(image_path(root, x["style"], x["index"])) for x in picked])
     captions = [f"{x['prompt']} [{metric} {x[metric]:.2f}]" if metric in x else x["prompt"] for x in picked]
     grid = image_grid(images, captions, ncols=per_style, scale=5, caption_width=24)
-    buf = io.BytesIO()
-    grid.save(buf, format="PNG")
-    atomic_write_bytes(Path(out), buf.getvalue())
+    _save_png(grid, Path(out))
     return Path(out)
 
 

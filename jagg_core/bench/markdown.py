@@ -177,7 +177,7 @@ def render_markdown(results: Sequence[dict]) -> str:
             "### Peak memory", "", *_memory(r),
             "### Communication", "", *_comm(r),
         ]
-    same = len({json.dumps({k: v for k, v in r["config"].items()}, sort_keys=True) for r in results}) == 1
+    same = len({json.dumps(r["config"], sort_keys=True) for r in results}) == 1
     builtin = all(r["model"]["kind"] != "profile" for r in results)
     if len(results) > 1 and same and builtin:
         cmds = [_command(results[0], "--model both")]
@@ -187,9 +187,10 @@ def render_markdown(results: Sequence[dict]) -> str:
     if len(cmds) == 1:
         cmd += " --write-docs docs/benchmarks.md"
     else:
-        cmd += ("\n# then render both JSON results into one page:\npython -c \"import glob, json; "
+        names = tuple(r["model"]["name"] for r in results)
+        cmd += ("\n# then render the JSON results into one page:\npython -c \"import glob, json; "
                 "from jagg_core.bench import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
-                "f'bench/*-{m}.json'))[-1])) for m in ('toy', 'large')], 'docs/benchmarks.md')\"")
+                f"f'bench/*-{{m}}.json'))[-1])) for m in {names!r}], 'docs/benchmarks.md')\"")
     lines += ["## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
               "profile's policy from its weights; communication is counted on the built-in models only).", ""]
