@@ -100,7 +100,6 @@ class PretrainConfig(_Section):
     warmup: int = Field(100, ge=0, description="warmup steps")
     caption_noise: float = Field(0.3, ge=0, le=1, description="probability that a caption is imperfect")
     seed: int = Field(0, description="seed")
-    time_budget_s: float | None = Field(None, gt=0, description="stop early after this many seconds")
     logit_mean: float = Field(0.0, description="sigma ~ sigmoid(N(logit_mean, logit_std)); > 0 favours high noise")
     logit_std: float = Field(1.0, gt=0, description="spread of the logit-normal sigma sampling")
     patch_size: int = Field(4, ge=1, description="pixels per token side (packed-pixel tokens)")
@@ -188,7 +187,9 @@ class JaggConfig(_Section):
 class MethodConfig(_Section):
     """A training method: the backward mode plus optional overrides of the jagg section."""
 
-    mode: Literal["exact", "jagg", "ablate"] = Field(..., description="backward mode")
+    mode: Literal["exact", "jagg", "ablate", "ablate_matched"] = Field(
+        ..., description="backward mode (ablate_matched: the ablation with its anchors weighted W/K)"
+    )
     window: int | None = Field(None, ge=2, description="override jagg.window")
     jagg_frac: JaggFrac = Field(None, description="override jagg.jagg_frac")
     variant: Literal["joint", "sequential"] | None = Field(None, description="override jagg.variant")
@@ -314,7 +315,7 @@ class Params(_Section):
 
 class ResolvedMethod(JaggConfig):
     name: str
-    mode: Literal["exact", "jagg", "ablate"]
+    mode: Literal["exact", "jagg", "ablate", "ablate_matched"]
 
 
 # Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.

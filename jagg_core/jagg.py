@@ -10,7 +10,9 @@ Generalised here to K anchors (K = 2 is the paper's JAGG, K = W is exact): each 
 between its two neighbouring anchors with the same t-weighted rule, and the signals are aggregated per anchor.
 
 Modes: ``exact`` (W with-grad forwards, W backwards), ``jagg`` and ``ablate`` (anchors with grad, middle steps under
-``no_grad``; ablate keeps only the anchors' own signals and discards the middle ones). Variants: ``joint`` (one
+``no_grad``; ablate keeps only the anchors' own signals and discards the middle ones). ``ablate_matched`` is the
+weight-matched reading of the ablation: each of the K anchors keeps its own signal scaled by W/K, so an ablated group
+weighs as much as an exact group beside it (``ablate``'s gradient is about K/W of the exact one's). Variants: ``joint`` (one
 ``torch.autograd.backward`` over all anchors: one FSDP all-gather per module) and ``sequential`` (one anchor graph
 alive at a time, for memory).
 """
@@ -37,7 +39,7 @@ __all__ = [
     "group_backward",
 ]
 
-MODES = ("exact", "jagg", "ablate")
+MODES = ("exact", "jagg", "ablate", "ablate_matched")
 VARIANTS = ("joint", "sequential")
 
 Velocity = Callable[[int], torch.Tensor]
@@ -214,7 +216,7 @@ def group_backward(
         step_loss: ``(j, v) -> L_j`` (or ``(L_j, {name: stat})``), a scalar differentiable in ``v`` only. Its scale
             is the caller's (e.g. ``L_j / W``).
         t: (W,) network timesteps of the group.
-        mode: ``"exact"``, ``"jagg"`` or ``"ablate"``.
+        mode: ``"exact"``, ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` (anchor signals scaled by W/K).
         variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time).
         anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
         middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
@@ -260,12 +262,13 @@ def group_backward(
     else:
         pos = anchor_positions(w, anchors)
         weights = anchor_weights(t, pos) if mode == "jagg" else None  # (W, K)
+        own = w / len(pos) if mode == "ablate_matched" else 1.0  # ablate's anchor weight: 1, or W/K weight-matched
         s_anchor: list[torch.Tensor | None] = [None] * len(pos)
 
         def accumulate(j: int, s: torch.Tensor) -> None:
             for k in range(len(pos)):
                 if weights is None:  # ablate: an anchor keeps its own signal, middle signals are discarded
-                    c = 1.0 if pos[k] == j else 0.0
+                    c = own if pos[k] == j else 0.0
                 else:
                     c = float(weights[j, k])
                 if c != 0.0:

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -40,8 +40,14 @@ def pretrain_toy(
     *,
     exclude: Iterable[str] = (),
     progress: bool = True,
+    report: Callable[[str], None] | None = None,
+    report_every_s: float = 15.0,
 ) -> dict:
-    """Pretrain `toy-flux` per ``params.pretrain`` / ``params.world`` and save it to ``out_dir``; returns the card."""
+    """Pretrain `toy-flux` per ``params.pretrain`` / ``params.world`` and save it to ``out_dir``; returns the card.
+
+    ``progress`` shows a terminal progress bar; otherwise ``report`` (e.g. a Prefect run logger's ``info``) gets a
+    line with the step, the loss and the time left every ``report_every_s`` seconds.
+    """
     cfg, world = params.pretrain, params.world
     if cfg.batch_size < 2:
         raise ValueError("pretrain.batch_size must be at least 2.")
@@ -81,9 +87,8 @@ def pretrain_toy(
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, desc="pretrain toy-flux", unit="step", dynamic_ncols=True)
-    t_start = time.perf_counter()
+    t_start = last_report = time.perf_counter()
     losses: list[float] = []
-    step = 0
     for step in range(cfg.steps):
         captions, images = _batch(rng, cfg.batch_size, cfg.caption_noise, world.image_size, exclude)
         # caption dropout: the empty prompt learns the unconditional model that guidance pushes away from
@@ -110,12 +115,15 @@ def pretrain_toy(
             bar.update(1)
             if step % 10 == 0:
                 bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        if cfg.time_budget_s and time.perf_counter() - t_start > cfg.time_budget_s:
-            break
+        elif report is not None and (time.perf_counter() - last_report > report_every_s or step + 1 == cfg.steps):
+            last_report = time.perf_counter()
+            left = (last_report - t_start) / (step + 1) * (cfg.steps - step - 1)
+            report(f"pretrain toy-flux: step {step + 1}/{cfg.steps}  loss {np.mean(losses[-50:]):.4f}  "
+                   f"time left {int(left) // 60}:{int(left) % 60:02d}")
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t_start
-    steps_done = step + 1
+    steps_done = cfg.steps
     card = {
         "backbone": "toy-flux",
         "steps": steps_done,

@@ -48,7 +48,8 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     if not styles:
         raise FileNotFoundError(f"no test prompts under {lay.benchmark}; run the prepare stage first (`jagg prepare`).")
     test = load_hps_benchmark(lay.prompts, styles=styles)
-    card = pretrain_toy(params, lay.base_model, exclude={p for ps in test.values() for p in ps}, progress=progress)
+    card = pretrain_toy(params, lay.base_model, exclude={p for ps in test.values() for p in ps}, progress=progress,
+                        report=log.info)
     log.info("pretrained toy-flux: %d steps in %.0f s, loss %.4f -> %s", card["steps"], card["wall_seconds"],
              card["final_loss"], lay.base_model)
     return card

@@ -9,6 +9,7 @@ A killed run resumes from its last complete checkpoint when started again (the P
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def worker(params: Params, lay: Layout, method: str, seed: int) -> None:
     from jagg_core.trainer import train
 
     logger = None
+    if not logging.getLogger().handlers:  # the trainer's progress lines reach the launcher (and Prefect) on stdout
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
     if os.environ.get("JAGG_MLFLOW_RUN") and int(os.environ.get("RANK", "0")) == 0:
         from jagg_core.tracking import Tracker
 

@@ -249,6 +249,20 @@ def test_ablate_discards_middle_signals():
     assert rel_err(g_ablate, ref) <= 1e-12
 
 
+@pytest.mark.parametrize("variant", ["joint", "sequential"])
+def test_weight_matched_ablate_scales_the_endpoints_to_the_group_weight(variant):
+    model = NonlinearVelocity(seed=9)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.2, seed=10)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    w = len(t)
+    # (W/2)·(J_0ᵀ s_0 + J_{W−1}ᵀ s_{W−1}): the two anchors carry the weight of all W steps
+    j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, w - 1)
+    ref = (w / 2) * (j0.T @ upstream(step_loss, velocity, 0) + j1.T @ upstream(step_loss, velocity, w - 1))
+    g, stats = run(model, velocity, step_loss, t, "ablate_matched", variant)
+    assert rel_err(g, ref) <= 1e-12
+    assert stats.mode == "ablate_matched" and stats.grad_forwards == 2
+
+
 def test_accumulates_into_existing_grads_like_backward():
     model = NonlinearVelocity(seed=11)
     t, zs = segment_group(UNEVEN_T, seed=12)

@@ -179,3 +179,21 @@ def test_pretrain_keeps_an_up_to_date_base_model_and_retrains_a_stale_one(ci_pro
     pretrain(changed, lay, progress=False)
     assert json.loads((lay.base_model / "card.json").read_text())["seed"] == 1
     assert next((lay.base_model / "transformer").glob("*.safetensors")).read_bytes() != before
+
+
+def test_pretraining_is_bit_identical_for_the_same_params_and_reports_progress(tmp_path):
+    """The base model depends on the params only (a step count, no clock): two runs give the same bytes."""
+    from jagg_core.config import load_params
+    from jagg_core.pretrain import pretrain_toy
+
+    params = load_params(REPO / "params.yaml", "ci", {"pretrain.steps": 6, "pretrain.warmup": 2})
+    lines: list[str] = []
+    for name in ("a", "b"):
+        pretrain_toy(params, tmp_path / name, progress=False, report=lines.append, report_every_s=0.0)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*")
+                   if p.is_file() and p.name not in ("card.json", "README.md"))  # cards hold the wall time
+    assert any(p.suffix == ".safetensors" for p in files)
+    for rel in files:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+    assert json.loads((tmp_path / "a" / "card.json").read_text())["steps"] == 6
+    assert len(lines) == 12 and lines[-1].startswith("pretrain toy-flux: step 6/6")

@@ -220,6 +220,7 @@ def train(
 
         bar = tqdm(total=tcfg.iterations, initial=start, desc=f"train {run}", unit="it", dynamic_ncols=True)
 
+    t_loop = time.perf_counter()
     for it in range(start, tcfg.iterations):
         step = it + 1  # iterations completed after this one: the x-axis of every curve
         t_iter = time.perf_counter()
@@ -360,6 +361,12 @@ def train(
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", s_it=f"{metrics['time/iteration']:.1f}")
+        elif main:  # no terminal (Prefect, DVC, a log file): one line per iteration, so the run is never silent
+            done = len(history)
+            eta = (time.perf_counter() - t_loop) / done * (tcfg.iterations - step)
+            log.info("train %s: iteration %d/%d  reward %.4f  update %.2f s  iteration %.2f s  ETA %d:%02d", run,
+                     step, tcfg.iterations, metrics["reward/mean"], metrics["time/update"],
+                     metrics["time/iteration"], eta // 60, eta % 60)
 
         # Checkpoint every N iterations and at the end.
         if step % tcfg.checkpoint_every == 0 or step == tcfg.iterations:
