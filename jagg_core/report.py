@@ -121,30 +121,40 @@ def _save_figure(fig, ax, path: Path) -> None:
 
 
 def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base_point: float | None = None,
-                 from_eval: bool = False) -> bool:
+                 from_eval: bool = False, smooth: int = 1) -> bool:
+    """One line per method: the mean over seeds, with a band of ± one standard deviation when there are several.
+
+    ``smooth`` > 1 averages each run's curve over a trailing window of that many points first (noisy rollout
+    rewards).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    drawn = False
-    colours = {}
+    by_method: dict[str, list[dict[float, float]]] = {}
     for r in runs:
         pts = ([(p["step"], p[key]) for p in r.eval["curve"] if key in p] if from_eval and r.eval else
                [(row["iteration"], row[key]) for row in r.curve if key in row])
         if base_point is not None and from_eval:
             pts = [(0, base_point)] + [p for p in pts if p[0] != 0]
-        if not pts:
-            continue
-        c = colours.setdefault(r.method, f"C{len(colours)}")
-        xs, ys = zip(*pts)
-        ax.plot(xs, ys, color=c, alpha=0.9, label=r.method if r.seed == min(x.seed for x in runs if x.method ==
-                r.method) else None, marker="o" if from_eval else None, markersize=3)
-        drawn = True
-    if not drawn:
-        plt.close(fig)
+        if smooth > 1 and pts:
+            ys = [y for _, y in pts]
+            pts = [(x, statistics.fmean(ys[max(0, i - smooth + 1) : i + 1])) for i, (x, _) in enumerate(pts)]
+        if pts:
+            by_method.setdefault(r.method, []).append(dict(pts))
+    if not by_method:
         return False
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    for i, (method, curves) in enumerate(by_method.items()):
+        xs = sorted(set().union(*curves))
+        stats = [_mean_std([c[x] for c in curves if x in c]) for x in xs]
+        mean = [m for m, _ in stats]
+        n = len(curves)
+        ax.plot(xs, mean, color=f"C{i}", label=f"{method} ({n} seed{'s' if n > 1 else ''})",
+                marker="o" if from_eval else None, markersize=3)
+        if n > 1:
+            ax.fill_between(xs, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=f"C{i}", alpha=0.15)
     ax.set_title(title)
     ax.set_xlabel("iteration")
     _save_figure(fig, ax, path)
@@ -267,12 +277,16 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     speed = speed_table(params, runs)
 
     figures = {}
-    for key, title, name in [("reward/mean", "training reward (mean over the rollout batch)", "reward.png")]:
-        if _plot_curves(runs, key, title, out / name):
-            figures["reward"] = name
+    train_key = f"{metrics[0]}/mean"
+    for key, title, name in [("reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
+                               "reward.png"),
+                              (train_key, f"training prompts: {metrics[0]} of the rollouts (4-iteration mean)",
+                               f"train-{metrics[0]}.png")]:
+        if _plot_curves(runs, key, title, out / name, smooth=4):
+            figures["reward" if key == "reward/mean" else f"train/{metrics[0]}"] = name
     for m in metrics:
         bp = base["metrics"][m]["benchmark"] if base else None
-        if _plot_curves(runs, f"eval/{m}", f"evaluation: {m} (test set)", out / f"eval-{m}.png", base_point=bp,
+        if _plot_curves(runs, f"eval/{m}", f"test split: {m} (± sd over seeds)", out / f"eval-{m}.png", base_point=bp,
                         from_eval=True):
             figures[f"eval/{m}"] = f"eval-{m}.png"
     fid = fidelity_by_position(runs)
@@ -282,7 +296,9 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     if grid_columns:
         figures["grid"] = "grid.png"
 
-    summary = {"profile": params.profile, "final": final, "speed": speed, "figures": figures,
+    per_run = _per_run(runs, metrics)
+    summary = {"profile": params.profile, "runs": per_run, "paired": paired_differences(per_run, metrics[0]),
+               "final": final, "speed": speed, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
                "grid_columns": grid_columns}
@@ -290,6 +306,50 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     atomic_write_text(out / "README.md", _markdown(params, summary))
     atomic_write_text(out / "index.html", _html(params, summary))
     return summary
+
+
+def _per_run(runs: Sequence[_Run], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per evaluated run: its final test metrics and its mean update time per iteration (warm-up excluded)."""
+    rows = []
+    for r in runs:
+        if not r.eval:
+            continue
+        curve = r.curve[1:] if len(r.curve) > 1 else r.curve
+        rows.append({"method": r.method, "seed": r.seed, "step": r.eval["step"],
+                     "final": {m: r.eval["metrics"][m]["benchmark"] for m in metrics if m in r.eval["metrics"]},
+                     "update_s_per_iteration": _mean_std([x["time/update"] for x in curve if "time/update" in x])[0],
+                     "iteration_s": _mean_std([x["time/iteration"] for x in curve if "time/iteration" in x])[0]})
+    return rows
+
+
+def paired_interval(diffs: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
+    """Mean of paired differences with its Student-t interval (``n − 1`` degrees of freedom)."""
+    n = len(diffs)
+    mean = statistics.fmean(diffs) if n else float("nan")
+    if n < 2:
+        return {"n": n, "mean": mean, "sd": float("nan"), "lo": float("nan"), "hi": float("nan")}
+    from scipy.stats import t as student_t
+
+    sd = statistics.stdev(diffs)
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half}
+
+
+# The comparisons the paper makes, each paired by seed: (method, against).
+PAIRS = (("jagg", "baseline"), ("ablate", "jagg"), ("ablate-matched", "jagg"), ("jagg-reuse", "jagg"),
+         ("ablate", "baseline"), ("ablate-matched", "baseline"))
+
+
+def paired_differences(per_run: Sequence[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
+    """``metric(a) − metric(b)`` per seed for each pair of :data:`PAIRS` that both ran, with a 95% t-interval."""
+    final = {(r["method"], r["seed"]): r["final"].get(metric) for r in per_run}
+    out = []
+    for a, b in PAIRS:
+        seeds = sorted(s for (m, s) in final if m == a and (b, s) in final)
+        if seeds:
+            diffs = [final[(a, s)] - final[(b, s)] for s in seeds]
+            out.append({"a": a, "b": b, "metric": metric, "seeds": seeds, "diffs": diffs, **paired_interval(diffs)})
+    return out
 
 
 def _final_table(summary: dict, metrics: Sequence[str]) -> list[list[str]]:
@@ -300,6 +360,36 @@ def _final_table(summary: dict, metrics: Sequence[str]) -> list[list[str]]:
     for r in summary["final"]:
         rows.append([r["method"], str(r.get("seeds", 0))] +
                     [f"{_fmt(r[m][0])} ± {_fmt(r[m][1])}" for m in metrics])
+    return rows
+
+
+def _seed_rows(summary: dict, metric: str) -> list[list[str]]:
+    """Per method and seed: the final ``metric`` and its gain over the base model."""
+    seeds = sorted({r["seed"] for r in summary["runs"]})
+    base = (summary["base"] or {}).get(metric)
+    rows = [["method"] + [f"seed {s}" for s in seeds] + ["mean gain"]]
+    for method in dict.fromkeys(r["method"] for r in summary["runs"]):
+        got = {r["seed"]: r["final"].get(metric) for r in summary["runs"] if r["method"] == method}
+        cells, gains = [], []
+        for s in seeds:
+            v = got.get(s)
+            if v is None:
+                cells.append("–")
+            elif base is None:
+                cells.append(_fmt(v))
+            else:
+                gains.append(v - base)
+                cells.append(f"{_fmt(v)} ({v - base:+.4f})")
+        rows.append([method] + cells + [f"{statistics.fmean(gains):+.4f}" if gains else "–"])
+    return rows
+
+
+def _paired_rows(summary: dict) -> list[list[str]]:
+    rows = [["difference", "seeds", "mean", "95% interval", "per seed"]]
+    for p in summary["paired"]:
+        rows.append([f"{p['a']} − {p['b']}", str(p["n"]), f"{p['mean']:+.4f}",
+                     f"[{p['lo']:+.4f}, {p['hi']:+.4f}]" if p["n"] > 1 else "–",
+                     ", ".join(f"{d:+.4f}" for d in p["diffs"])])
     return rows
 
 
@@ -327,6 +417,10 @@ def _markdown(params: Params, summary: dict) -> str:
              "same rollouts budget.\n",
              "## Final evaluation (test set, benchmark protocol; mean ± std over seeds)\n",
              _md_table(_final_table(summary, metrics)),
+             f"## Per seed: final `{metrics[0]}` (gain over the base model)\n",
+             _md_table(_seed_rows(summary, metrics[0])),
+             f"## Paired by seed: differences of final `{metrics[0]}` (Student-t 95% interval)\n",
+             _md_table(_paired_rows(summary)),
              "## Speed (per iteration; update = forward + backward on stored experience)\n",
              _md_table(_speed_rows(summary)),
              "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
@@ -355,6 +449,8 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 <body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
 <p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
 <h2>Final evaluation (mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}
+<h2>Per seed: final {html.escape(metrics[0])} (gain over the base model)</h2>{_html_table(_seed_rows(summary, metrics[0]))}
+<h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
 <h2>Speed per iteration</h2>{_html_table(_speed_rows(summary))}
 <p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
 {figs}

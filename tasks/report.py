@@ -52,6 +52,8 @@ def report_task(params: Params) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg report", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    ap.add_argument("--copy-to", default=None, metavar="DIR",
+                    help="also copy summary.json and the figures there (e.g. docs/results for toy-full)")
     ap.add_argument("--base-grid", default=None, metavar="PNG",
                     help="only write a grid of the evaluated base model's test images here (e.g. docs/base_model_grid.png)")
     args = ap.parse_args(argv)
@@ -61,7 +63,16 @@ def main(argv: list[str] | None = None) -> int:
 
         print(base_model_grid(layout(params), ROOT / args.base_grid))
         return 0
-    report(params, layout(params))
+    lay = layout(params)
+    summary = report(params, lay)
+    if args.copy_to:
+        import shutil
+
+        dest = ROOT / args.copy_to
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ["summary.json", *summary["figures"].values()]:
+            shutil.copyfile(lay.report_dir / name, dest / name)
+        print(f"copied summary.json and {len(summary['figures'])} figures to {dest}")
     return 0
 
 
