@@ -71,6 +71,7 @@ def uninterrupted(ci_base, tmp_path_factory):
     from jagg_core.trainer.checkpoint import load_tensors
 
     cache: dict[str, dict] = {}
+    roots: dict[str, Path] = {}
 
     def get(method: str) -> dict:
         if method not in cache:
@@ -80,6 +81,8 @@ def uninterrupted(ci_base, tmp_path_factory):
             out = run_module("tasks.train", *WORKER_ARGS, "--method", method, root=root)
             assert out.returncode == 0, out.stderr[-2000:]
             cache[method] = load_tensors(root / f"checkpoints/ci/{method}-s0/checkpoint-000004/trainable.safetensors")
+            roots[method] = root
         return cache[method]
 
+    get.roots = roots  # method -> the project root it trained in (its curve, checkpoints)
     return get

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -99,15 +100,35 @@ class Policy(abc.ABC):
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.transformer.parameters() if p.requires_grad]
 
+    def keep_reference(self) -> None:
+        """Freeze the transformer as it is now as the KL reference (call before any update or resume).
+
+        With LoRA nothing is copied: the reference is the base with the adapters disabled. A full fine-tune keeps a
+        frozen copy of the transformer (its memory once more; for the toy-flux model 2 MB).
+        """
+        module = getattr(self.transformer, "module", self.transformer)
+        if hasattr(module, "disable_adapter"):
+            return
+        self._reference = copy.deepcopy(module).requires_grad_(False).eval()
+
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
         """Within this context ``velocity`` is the frozen reference policy (for the KL term).
 
-        The default disables LoRA adapters; a full fine-tune must keep a frozen copy and override this.
+        LoRA disables its adapters; a full fine-tune swaps in the copy that :meth:`keep_reference` froze.
         """
+        frozen = getattr(self, "_reference", None)
+        if frozen is not None:
+            live, self.transformer = self.transformer, frozen
+            try:
+                yield
+            finally:
+                self.transformer = live
+            return
         module = getattr(self.transformer, "module", self.transformer)  # through a DDP wrapper
         if not hasattr(module, "disable_adapter"):
-            raise PolicyError("a KL term (beta > 0) needs LoRA (model.lora.rank > 0) or a reference copy.")
+            raise PolicyError("a KL term (beta > 0) needs LoRA (model.lora.rank > 0) or a frozen reference copy "
+                              "(Policy.keep_reference, which the trainer calls when train.beta > 0).")
         with module.disable_adapter():
             yield
 

@@ -32,7 +32,8 @@ from ..world import BACKGROUNDS, COLORS, SHAPES, SIZES, cell_assignments, cell_b
 from ..world.render import MIN_IMAGE_SIZE
 from .base import RewardError, RewardFn, register_reward
 
-__all__ = ["TAU", "TAU_FULL", "fidelity_components", "jpeg_compressibility", "toy_fidelity"]
+__all__ = ["TAU", "TAU_FULL", "fidelity_components", "jpeg_compressibility", "toy_background", "toy_fidelity",
+           "toy_objects", "toy_precision"]
 
 TAU = 120.0  # default distance, in RGB units (0–255), at which a pixel stops counting as a colour
 TAU_FULL = 50.0  # default distance within which it counts fully
@@ -144,16 +145,42 @@ def toy_fidelity(
     def fn(
         images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
-        if images.ndim != 4 or images.shape[1] != 3:
-            raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}.")
-        # Upcast to float64 so that a rendered ground truth scores 1 to within 1e-12.
-        pixels = images.detach().to("cpu", torch.float64).clamp(0, 1).permute(0, 2, 3, 1).numpy() * 255.0
-        parts = fidelity_components(pixels, prompts, tau, tau_full)
+        parts = fidelity_components(_pixels(images), prompts, tau, tau_full)
         reward = parts["objects"] * (w_objects + w_background * parts["background"] + w_precision * parts["precision"])
         info = {k: torch.from_numpy(v).float() for k, v in parts.items()}
         return torch.from_numpy(reward).float(), info
 
     return fn
+
+
+def _pixels(images: torch.Tensor) -> np.ndarray:
+    """(B, 3, H, W) in [0, 1] -> (B, H, W, 3) float64 in [0, 255]."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}.")
+    # Upcast to float64 so that a rendered ground truth scores 1 to within 1e-12.
+    return images.detach().to("cpu", torch.float64).clamp(0, 1).permute(0, 2, 3, 1).numpy() * 255.0
+
+
+def _component_reward(component: str, doc: str):
+    def factory(tau: float = TAU, tau_full: float = TAU_FULL) -> RewardFn:
+        if not 0 <= tau_full < tau <= 127:
+            raise RewardError(f"toy_{component}: need 0 <= tau_full < tau <= 127 RGB units, got tau_full={tau_full!r} "
+                              f"and tau={tau!r}.")
+
+        def fn(images, prompts, metadata):
+            return torch.from_numpy(fidelity_components(_pixels(images), prompts, tau, tau_full)[component]).float(), {}
+
+        return fn
+
+    factory.__doc__ = doc
+    return register_reward(f"toy_{component}")(factory)
+
+
+# The components of toy_fidelity as rewards of their own, for reward mixes that weight what every prompt shares
+# (a clean background, no stray paint) apart from the objects each prompt names.
+toy_objects = _component_reward("objects", "The mean soft IoU of the prompt's objects at their best placement, in [0, 1].")
+toy_background = _component_reward("background", "The match of the background outside the placed objects, in [0, 1].")
+toy_precision = _component_reward("precision", "The share of the paint that lies inside the placed objects, in [0, 1].")
 
 
 @register_reward("jpeg_compressibility")

@@ -146,6 +146,8 @@ def train(
 
     # Policy, data parallelism, optimizer, reward.
     policy = policy_from_params(params, layout, accelerator.device)
+    if tcfg.beta > 0:  # the KL reference is the base model, frozen before any update or resume
+        policy.keep_reference()
     if res.distributed == "fsdp" and world > 1:
         plugin = getattr(accelerator.state, "fsdp_plugin", None)
         shard_transformer(policy.transformer, getattr(plugin, "transformer_cls_names_to_wrap", None))
