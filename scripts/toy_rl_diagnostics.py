@@ -102,12 +102,12 @@ def kl(args) -> dict:
         with torch.no_grad():
             per_step = {}
             for step in traj.train_steps:
-                velocity, _, step_loss, _ = make_step_fns(
+                fns = make_step_fns(
                     policy, traj, rows, adv, [step], sample=params.sample, train=params.train, scale=1.0,
                     autocast=contextlib.nullcontext)
                 from jagg_core.sde import sde_step_with_logprob
 
-                v = velocity(0)
+                v = fns.velocity(0)
                 res = sde_step_with_logprob(traj.latents[:, step], v, float(traj.sigmas[step]),
                                             float(traj.sigmas[step + 1]), noise_level=params.sample.noise_level,
                                             kind=params.sample.sde_kind, prev_sample=traj.latents[:, step + 1])

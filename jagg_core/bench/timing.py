@@ -19,10 +19,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..fidelity import gradient_fidelity
 from ..jagg import Group
 from ..policies.base import Policy
-from ..trainer.update import UpdateStats, make_step_fns
+from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
 from .models import Experience, Variant, run_update, update_groups, variant, zero_grads
 
 __all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "textbook_speedup", "fidelity_by_anchors",
@@ -102,7 +101,7 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
     dev = policy.device
     step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
     velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample, train=exp.train,
-                             scale=1.0, autocast=contextlib.nullcontext)[0]
+                             scale=1.0, autocast=contextlib.nullcontext).velocity
     plans: dict[str, tuple[Variant, list[Group]]] = {}
     results: dict[str, dict] = {}
 
@@ -176,17 +175,10 @@ def textbook_speedup(per_group: Sequence[dict], v: Variant) -> float:
 
 def fidelity_by_anchors(policy: Policy, exp: Experience, window: int, anchors: Sequence[int]) -> dict:
     """cos(K-anchor JAGG gradient, exact gradient) and cos(ablate, exact) per group, for each K, on the experience."""
-    traj = exp.traj
-    steps = traj.train_steps
-
-    def fns(i: int):
-        return make_step_fns(policy, traj, exp.rows, exp.advantages, [steps[i]], sample=exp.sample, train=exp.train,
-                             scale=1.0, autocast=contextlib.nullcontext)
-
     out = {"window": window, "anchors": {}}
     for k in anchors:
-        rep = gradient_fidelity(policy.trainable_parameters(), lambda i: fns(i)[0](0), lambda i, v: fns(i)[2](0, v),
-                                traj.timesteps[steps], window, anchors=k, variant="joint")
+        rep = trajectory_fidelity(policy, exp.traj, exp.advantages, exp.rows, window=window, anchors=k,
+                                  variant="joint", sample=exp.sample, train=exp.train)
         out["anchors"][str(k)] = {"positions": rep.positions, "cos_jagg": rep.cos_jagg, "cos_ablate": rep.cos_ablate,
                                   "norm_ratio_jagg": rep.norm_ratio_jagg}
     zero_grads(policy)

@@ -22,6 +22,10 @@ class GradSync:
     """How gradients of one optimizer step are synchronised across processes."""
 
     all_reduces: int = 0  # collective calls issued by reduce() in the current optimizer step
+    # Parameters sharded over processes (FSDP2): every rank must run the same collectives (no rank may skip rows),
+    # optimizer state is gathered to save, and no rank holds full gradients (no fidelity probe).
+    sharded: bool = False
+    final_group: bool = False  # set by the trainer before the optimizer step's last group
 
     def start_step(self) -> None:
         self.all_reduces = 0
@@ -75,9 +79,10 @@ class AllReduceSync(GradSync):
 class Fsdp2Sync(GradSync):
     """FSDP2: reduce-scatter only in the last backward call of the optimizer step (accumulate unsharded before)."""
 
+    sharded = True
+
     def __init__(self, module: torch.nn.Module):
         self.module = module
-        self.final_group = False  # set by the trainer before the optimizer step's last group
 
     def before_backward(self, last: bool) -> None:
         self.module.set_requires_gradient_sync(bool(last and self.final_group))

@@ -22,19 +22,18 @@ import torch
 from ..advantages import group_advantages
 from ..config import Params, ResolvedMethod
 from ..faults import fault
-from ..fidelity import gradient_fidelity
 from ..paths import Layout, run_name
 from ..build import pick_device, policy_from_params, reward_from_params
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import image_grid
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
-from .distributed import Fsdp2Sync, make_grad_sync, shard_transformer
+from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
 from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve, atomic_write_text
 from .rollout import Trajectory, derive_seed, rollout
-from .update import UpdateStats, accumulate_gradients, make_step_fns, plan_update
+from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
-__all__ = ["TrainingError", "TrainResult", "train", "read_prompts"]
+__all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainingError", "TrainResult", "train", "read_prompts"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +102,44 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else float("nan")
 
 
+# jagg_frac 'auto' when the fidelity curve cannot be measured (under FSDP: the probe needs full gradients on one
+# rank): the paper's own setting (Flux and Qwen-Image, W = 4).
+AUTO_FALLBACK_JAGG_FRAC = 0.6
+
+
+@dataclass
+class _Run:
+    """Everything one training run holds between its phases."""
+
+    params: Params
+    method: ResolvedMethod
+    name: str  # <method>-s<seed>
+    seed: int
+    layout: Layout
+    accelerator: Any
+    policy: Any
+    sync: GradSync
+    optimizer: torch.optim.Optimizer
+    reward_fn: Any
+    train_prompts: list[str]
+    ckpt_root: Path
+    run_key: str
+    trainable: list[torch.nn.Parameter]
+    named: list[tuple[str, torch.nn.Parameter]]
+    ema: dict[str, torch.Tensor] | None
+    policy_version: int = 0
+    jagg_frac: Any = None
+    last_ckpt: Path | None = None
+
+    @property
+    def main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def autocast(self):
+        mixed = self.params.resources.mixed_precision != "no"
+        return self.accelerator.autocast() if mixed else contextlib.nullcontext()
+
+
 def train(
     params: Params,
     method_name: str,
@@ -121,30 +158,63 @@ def train(
     matches; checkpoints of another configuration are moved aside to ``<run>.superseded-<key>`` and training starts
     over.
     """
+    r = _setup(params, method_name, seed, Path(root).resolve(), accelerator, run_key)
+    start = _resume(r) if resume else 0
+    curve = TsvCurve(r.layout.curve(r.name), resume_from=start)
+    sink = MultiLogger([curve, logger or NullLogger()]) if r.main else NullLogger()
+    if r.main:
+        atomic_write_text(r.layout.run_dir(r.name) / "params.json", params.model_dump_json(indent=2) + "\n")
+    tcfg = params.train
+    meter = _Progress(r, start, progress)
+    history: list[dict[str, float]] = []
+    consecutive_skips = 0
+    for it in range(start, tcfg.iterations):
+        step = it + 1  # iterations completed after this one: the x-axis of every curve
+        t_iter = time.perf_counter()
+        metrics: dict[str, float] = {}
+        traj = _rollout(r, it, step, metrics)
+        advantages, rows, finite = _advantages(r, traj, step, metrics)
+        _route(r, it, traj, advantages, rows, finite, metrics)
+        skipped = _optimizer_steps(r, it, step, traj, advantages, rows, finite, metrics)
+        metrics["time/iteration"] = time.perf_counter() - t_iter
+        sink.log_metrics(metrics, step)
+        consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
+        if r.main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
+            k = min(8, traj.batch_size)
+            captions = [traj.prompts[int(i)] for i in traj.prompt_index[:k]]
+            sink.log_image(image_grid(traj.images[:k], captions, ncols=4), "rollout", step)
+        history.append({"iteration": step, **metrics})
+        meter.update(step, metrics)
+        # Checkpoint every N iterations and at the end.
+        if step % tcfg.checkpoint_every == 0 or step == tcfg.iterations:
+            r.last_ckpt = _save(r, step, {k: v for k, v in metrics.items() if not k.startswith("time/")})
+    meter.close()
+    if start >= tcfg.iterations and r.main:
+        log.info("%s already trained for %d iterations; nothing to do", r.name, tcfg.iterations)
+    return TrainResult(run=r.name, iterations=tcfg.iterations, checkpoint=r.last_ckpt, curve=r.layout.curve(r.name),
+                       history=history)
+
+
+def _setup(params: Params, method_name: str, seed: int, root: Path, accelerator: Any, run_key: str | None) -> _Run:
+    """Processes, device, policy (sharded under FSDP), gradient sync, optimizer, EMA, reward and prompts."""
     from accelerate import Accelerator
 
-    # Setup: processes, device, layout.
     method: ResolvedMethod = params.method(method_name)
-    layout = Layout(Path(root).resolve(), params.profile)
-    run = run_name(method_name, seed)
-    res = params.resources
+    layout = Layout(root, params.profile)
+    res, sample, tcfg = params.resources, params.sample, params.train
     if res.num_threads:
         torch.set_num_threads(res.num_threads)
-    use_cpu = pick_device(params).type == "cpu"
     if accelerator is None:
         # cpu=True is what makes several CPU processes a real gloo group (else each rank silently trains alone).
-        accelerator = Accelerator(cpu=use_cpu, mixed_precision=res.mixed_precision)
-    rank, world = accelerator.process_index, accelerator.num_processes
-    main = accelerator.is_main_process
-    sample, tcfg = params.sample, params.train
+        accelerator = Accelerator(cpu=pick_device(params).type == "cpu", mixed_precision=res.mixed_precision)
+    world = accelerator.num_processes
     if sample.prompts_per_iteration % world:
         raise TrainingError(
             f"sample.prompts_per_iteration ({sample.prompts_per_iteration}) must be a multiple of the number of "
             f"processes ({world}) so every process holds whole prompt groups."
         )
-    torch.manual_seed(derive_seed(seed, rank))
+    torch.manual_seed(derive_seed(seed, accelerator.process_index))
 
-    # Policy, data parallelism, optimizer, reward.
     policy = policy_from_params(params, layout, accelerator.device)
     if tcfg.beta > 0:  # the KL reference is the base model, frozen before any update or resume
         policy.keep_reference()
@@ -159,242 +229,237 @@ def train(
                                   weight_decay=tcfg.weight_decay)
     named = [(n, p) for n, p in policy.transformer.named_parameters() if p.requires_grad]
     ema = {n: p.detach().float().clone() for n, p in named} if tcfg.ema_decay > 0 else None
-    reward_fn = reward_from_params(params)
-    train_prompts = read_prompts(layout.train_prompts)
+    name = run_name(method_name, seed)
+    return _Run(params=params, method=method, name=name, seed=seed, layout=layout, accelerator=accelerator,
+                policy=policy, sync=sync, optimizer=optimizer, reward_fn=reward_from_params(params),
+                train_prompts=read_prompts(layout.train_prompts), ckpt_root=layout.checkpoints(name),
+                run_key=run_key or run_fingerprint(params, layout, method_name, seed), trainable=trainable,
+                named=named, ema=ema,
+                jagg_frac=method.jagg_frac)
 
-    # Resume from the latest complete checkpoint of the same configuration.
-    ckpt_root = layout.checkpoints(run)
-    run_key = run_key or run_fingerprint(params, layout, method_name, seed)
-    start, policy_version, jagg_frac = 0, 0, method.jagg_frac
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    if resume and ckpt is None and list_checkpoints(ckpt_root, check=False):
+
+def _resume(r: _Run) -> int:
+    """Load the latest complete checkpoint of the same configuration; returns the iteration to start from.
+
+    Checkpoints written with other params are moved aside to ``<run>.superseded-<key>``.
+    """
+    ckpt = latest_checkpoint(r.ckpt_root)
+    if ckpt is None and list_checkpoints(r.ckpt_root, check=False):
         raise CheckpointError(
-            f"{ckpt_root} holds checkpoints but no complete checkpoint (every one is damaged); move the folder aside "
-            f"to start over."
+            f"{r.ckpt_root} holds checkpoints but no complete checkpoint (every one is damaged); move the folder "
+            f"aside to start over."
         )
-    if ckpt is not None and ckpt.state().get("run_key") != run_key:
+    if ckpt is not None and ckpt.state().get("run_key") != r.run_key:
         old = ckpt.state().get("run_key", "unknown")
-        if main:
-            aside = ckpt_root.with_name(f"{ckpt_root.name}.superseded-{old}")
+        if r.main:
+            aside = r.ckpt_root.with_name(f"{r.ckpt_root.name}.superseded-{old}")
             log.warning("%s: checkpoints under %s were written with other params; moved to %s, starting over",
-                        run, ckpt_root, aside)
+                        r.name, r.ckpt_root, aside)
             shutil.rmtree(aside, ignore_errors=True)
-            ckpt_root.rename(aside)
-        accelerator.wait_for_everyone()
+            r.ckpt_root.rename(aside)
+        r.accelerator.wait_for_everyone()
         ckpt = None
-    if ckpt is not None:
-        state = ckpt.state()
-        load_trainable_state_dict(policy.transformer, ckpt.tensors())
-        _load_optimizer(optimizer, policy.transformer, ckpt.optimizer_state(), sharded=isinstance(sync, Fsdp2Sync))
-        if ema is not None and (ckpt.path / "ema.safetensors").exists():
-            ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
-        start, policy_version = int(state["iteration"]), int(state["policy_version"])
-        jagg_frac = state.get("jagg_frac", jagg_frac)
-        if main:
-            log.info("resuming %s from %s (iteration %d)", run, ckpt.path, start)
-    curve = TsvCurve(layout.curve(run), resume_from=start)
-    sink = MultiLogger([curve, logger or NullLogger()]) if main else NullLogger()
-    if main:
-        atomic_write_text(layout.run_dir(run) / "params.json", params.model_dump_json(indent=2) + "\n")
+    if ckpt is None:
+        return 0
+    state = ckpt.state()
+    load_trainable_state_dict(r.policy.transformer, ckpt.tensors())
+    _load_optimizer(r.optimizer, r.policy.transformer, ckpt.optimizer_state(), sharded=r.sync.sharded)
+    if r.ema is not None and (ckpt.path / "ema.safetensors").exists():
+        r.ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
+    r.policy_version = int(state["policy_version"])
+    r.jagg_frac = state.get("jagg_frac", r.jagg_frac)
+    r.last_ckpt = ckpt.path
+    if r.main:
+        log.info("resuming %s from %s (iteration %d)", r.name, ckpt.path, int(state["iteration"]))
+    return int(state["iteration"])
 
-    def autocast():
-        return accelerator.autocast() if res.mixed_precision != "no" else contextlib.nullcontext()
 
-    def save(iteration: int, metrics: dict[str, float]) -> Path | None:
-        state = {"run_key": run_key, "policy_version": policy_version, "jagg_frac": jagg_frac,
-                 "method": method_name, "seed": seed,
-                 "metrics": metrics, "params": params.model_dump(mode="json")}
-        trainable_state = trainable_state_dict(policy.transformer)  # collective under FSDP: every rank takes part
-        opt_state = _optimizer_state(optimizer, policy.transformer, sharded=isinstance(sync, Fsdp2Sync))
-        path = None
-        if main:
-            path = save_checkpoint(ckpt_root, iteration, trainable=trainable_state, optimizer=opt_state,
-                                   state=state, ema=ema, keep=tcfg.keep_checkpoints).path
-        accelerator.wait_for_everyone()
-        return path
+def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajectory:
+    """This process's share of the iteration's prompts, G images each."""
+    sample, world, rank = r.params.sample, r.accelerator.num_processes, r.accelerator.process_index
+    idx = _iteration_prompts(r.train_prompts, sample.prompts_per_iteration, r.seed, it)
+    per_rank = sample.prompts_per_iteration // world
+    mine = list(range(rank * per_rank, (rank + 1) * per_rank))
+    fault("rollout", step)
+    t0 = time.perf_counter()
+    traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
+                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode != "exact",
+                   policy_version=r.policy_version)
+    metrics["time/rollout"] = time.perf_counter() - t0
+    return traj
 
-    history: list[dict[str, float]] = []
-    consecutive_skips = 0
-    last_ckpt = ckpt.path if ckpt is not None else None
-    bar = None
-    if progress and main:
-        from tqdm import tqdm
 
-        bar = tqdm(total=tcfg.iterations, initial=start, desc=f"train {run}", unit="it", dynamic_ncols=True)
+def _advantages(r: _Run, traj: Trajectory, step: int, metrics: dict[str, float]):
+    """Rewards, their statistics, and group advantages; returns (advantages, rows to train, all finite)."""
+    acc, tcfg = r.accelerator, r.params.train
+    t0 = time.perf_counter()
+    prompts_b = [traj.prompts[int(i)] for i in traj.prompt_index]
+    rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
+    if fault("reward", step) == "nan":
+        rewards = rewards.clone()
+        rewards[0] = float("nan")
+    metrics["time/reward"] = time.perf_counter() - t0
+    all_rewards = acc.gather(rewards.to(acc.device)).cpu()
+    metrics["reward/mean"] = float(all_rewards.mean())
+    metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
+    for key, val in info.items():
+        if isinstance(val, torch.Tensor) and val.numel() == rewards.numel():
+            gathered = acc.gather(val.float().to(acc.device)).cpu()
+            metrics[f"{key}/mean"] = float(gathered.mean())
+            metrics[f"{key}/std"] = float(gathered.std()) if gathered.numel() > 1 else 0.0
+    # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
+    # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
+    all_groups = acc.gather(traj.group_ids.to(acc.device)).cpu()
+    all_adv = group_advantages(all_rewards, all_groups, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
+                               global_std=tcfg.global_std)
+    rank = acc.process_index
+    advantages = all_adv[rank * traj.batch_size : (rank + 1) * traj.batch_size]
+    finite = bool(torch.isfinite(advantages).all())
+    # Groups whose advantages are all zero carry no signal: skip their images (not when parameters are sharded,
+    # where every rank must run the same collectives).
+    rows = torch.arange(traj.batch_size) if r.sync.sharded else torch.nonzero(advantages != 0).flatten()
+    metrics["train/kept_fraction"] = len(rows) / traj.batch_size
+    return advantages, rows, finite
 
-    t_loop = time.perf_counter()
-    for it in range(start, tcfg.iterations):
-        step = it + 1  # iterations completed after this one: the x-axis of every curve
-        t_iter = time.perf_counter()
-        metrics: dict[str, float] = {}
 
-        # Rollout: this process's prompts, G images each.
-        idx = _iteration_prompts(train_prompts, sample.prompts_per_iteration, seed, it)
-        per_rank = sample.prompts_per_iteration // world
-        mine = list(range(rank * per_rank, (rank + 1) * per_rank))
-        fault("rollout", step)
-        t0 = time.perf_counter()
-        traj = rollout(policy, [train_prompts[idx[k]] for k in mine], mine, sample, seed=seed, iteration=it,
-                       keep_velocities=method.reuse_rollout_velocity and method.mode != "exact",
-                       policy_version=policy_version)
-        metrics["time/rollout"] = time.perf_counter() - t0
-
-        # Rewards and advantages.
-        t0 = time.perf_counter()
-        prompts_b = [traj.prompts[int(i)] for i in traj.prompt_index]
-        rewards, info = reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
-        if fault("reward", step) == "nan":
-            rewards = rewards.clone()
-            rewards[0] = float("nan")
-        metrics["time/reward"] = time.perf_counter() - t0
-        all_rewards = accelerator.gather(rewards.to(accelerator.device)).cpu()
-        metrics["reward/mean"] = float(all_rewards.mean())
-        metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
-        for key, val in info.items():
-            if isinstance(val, torch.Tensor) and val.numel() == rewards.numel():
-                gathered = accelerator.gather(val.float().to(accelerator.device)).cpu()
-                metrics[f"{key}/mean"] = float(gathered.mean())
-                metrics[f"{key}/std"] = float(gathered.std()) if gathered.numel() > 1 else 0.0
-        # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
-        # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
-        all_groups = accelerator.gather(traj.group_ids.to(accelerator.device)).cpu()
-        all_adv = group_advantages(all_rewards, all_groups, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
-                                   global_std=tcfg.global_std)
-        rank = accelerator.process_index
-        advantages = all_adv[rank * traj.batch_size : (rank + 1) * traj.batch_size]
-        finite = bool(torch.isfinite(advantages).all())
-        # Groups whose advantages are all zero carry no signal: skip their images (not under FSDP, where every
-        # rank must run the same collectives).
-        if isinstance(sync, Fsdp2Sync):
-            rows = torch.arange(traj.batch_size)
+def _route(r: _Run, it: int, traj: Trajectory, advantages, rows, finite: bool, metrics: dict[str, float]) -> None:
+    """jagg_frac 'auto' and the fidelity monitor: cos(jagg, exact) per group position on this rollout."""
+    method, tcfg = r.method, r.params.train
+    want_auto = method.jagg_frac == "auto" and (
+        r.jagg_frac == "auto" or (method.auto_every and it % method.auto_every == 0)
+    )
+    if (want_auto or (tcfg.fidelity_every and it % tcfg.fidelity_every == 0)) and finite and len(rows):
+        if r.sync.sharded:
+            log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to %s",
+                        AUTO_FALLBACK_JAGG_FRAC)
+            r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
         else:
-            rows = torch.nonzero(advantages != 0).flatten()
-        metrics["train/kept_fraction"] = len(rows) / traj.batch_size
+            rep = trajectory_fidelity(r.policy, traj, advantages, rows[: tcfg.micro_batch], window=method.window,
+                                      anchors=method.anchors, variant=method.variant, sample=r.params.sample,
+                                      train=tcfg, autocast=r.autocast)
+            for pos, cj, ca in zip(rep.positions, rep.cos_jagg, rep.cos_ablate):
+                metrics[f"jagg/cos_jagg/g{pos}"] = cj
+                metrics[f"jagg/cos_ablate/g{pos}"] = ca
+            if want_auto:
+                r.jagg_frac = rep.jagg_frac(method.auto_threshold)
+    if r.jagg_frac == "auto":  # no usable rollout yet (e.g. all-zero advantages): be conservative
+        r.jagg_frac = 0.0
+    metrics["jagg/jagg_frac"] = float(r.jagg_frac)
 
-        # jagg_frac 'auto' and the fidelity monitor: cos(jagg, exact) per group position on this rollout.
-        want_auto = method.jagg_frac == "auto" and (
-            jagg_frac == "auto" or (method.auto_every and it % method.auto_every == 0)
+
+def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, rows, finite: bool,
+                     metrics: dict[str, float]) -> int:
+    """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped."""
+    tcfg, sample, method = r.params.train, r.params.sample, r.method
+    world = r.accelerator.num_processes
+    t0 = time.perf_counter()
+    ustats = UpdateStats()
+    optimizer_time = 0.0
+    skipped = 0
+    grad_norms: list[float] = []
+    group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
+    for _epoch in range(tcfg.inner_epochs):
+        perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
+        for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
+            groups = plan_update(traj, method, sample, r.jagg_frac, group_gen)
+            reuse = method.reuse_rollout_velocity and r.policy_version == traj.policy_version
+            r.sync.start_step()
+            if len(chunk) and finite:
+                ustats.add(accumulate_gradients(r.policy, traj, advantages, chunk, groups, method, sample=sample,
+                                                train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast))
+            t1 = time.perf_counter()
+            r.sync.reduce(r.trainable)
+            norm = torch.nn.utils.clip_grad_norm_(r.trainable, tcfg.max_grad_norm)
+            norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+            nonfinite = not math.isfinite(norm) or not finite or not math.isfinite(ustats.loss)
+            if fault("update", step) == "nan":  # (also the kill point "during update": after a backward)
+                nonfinite = True
+            if nonfinite:
+                skipped += 1
+            elif len(chunk) or world > 1:
+                grad_norms.append(norm)
+                _step(r)
+            r.optimizer.zero_grad(set_to_none=True)
+            optimizer_time += time.perf_counter() - t1
+    metrics["time/update"] = time.perf_counter() - t0 - optimizer_time
+    metrics["time/backward"] = ustats.backward_seconds
+    metrics["time/optimizer"] = optimizer_time
+    metrics["train/loss"] = ustats.loss
+    for key in ("policy_loss", "approx_kl", "clipfrac", "kl"):
+        metrics[f"train/{key}"] = _mean(ustats.extras.get(key, []))
+    metrics["train/grad_norm"] = _mean(grad_norms)
+    metrics["train/grad_forwards"] = ustats.grad_forwards
+    metrics["train/nograd_forwards"] = ustats.nograd_forwards
+    metrics["train/forward_calls"] = ustats.forward_calls
+    metrics["train/backward_calls"] = ustats.backward_calls
+    metrics["train/all_reduces"] = r.sync.all_reduces
+    metrics["jagg/reused_velocities"] = ustats.reused_velocities
+    metrics["train/skipped_updates"] = skipped
+    metrics["train/policy_version"] = r.policy_version
+    return skipped
+
+
+def _step(r: _Run) -> None:
+    """One optimizer step, then the EMA of the trained weights."""
+    r.optimizer.step()
+    r.policy_version += 1
+    if r.ema is not None:
+        with torch.no_grad():
+            for n, p in r.named:
+                r.ema[n].lerp_(p.detach().float(), 1 - r.params.train.ema_decay)
+
+
+def _check_skips(r: _Run, step: int, skipped: int, consecutive: int) -> int:
+    """A non-finite update is skipped; too many in a row stop the run (after its row was logged)."""
+    if not skipped:
+        return 0
+    consecutive += 1
+    log.warning("iteration %d: non-finite reward, loss or gradient; update skipped", step)
+    if consecutive >= r.params.train.max_consecutive_skips:
+        raise TrainingError(
+            f"{consecutive} consecutive updates were skipped for non-finite values (iteration {step}); "
+            f"check the rewards and lower train.lr. The last good checkpoint is {r.last_ckpt}."
         )
-        if (want_auto or (tcfg.fidelity_every and it % tcfg.fidelity_every == 0)) and finite and len(rows):
-            if isinstance(sync, Fsdp2Sync):
-                log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to 0.6")
-                jagg_frac = 0.6 if jagg_frac == "auto" else jagg_frac
-            else:
-                rep = _fidelity(policy, traj, advantages, rows, method, params, autocast)
-                for pos, cj, ca in zip(rep.positions, rep.cos_jagg, rep.cos_ablate):
-                    metrics[f"jagg/cos_jagg/g{pos}"] = cj
-                    metrics[f"jagg/cos_ablate/g{pos}"] = ca
-                if want_auto:
-                    jagg_frac = rep.jagg_frac(method.auto_threshold)
-        if jagg_frac == "auto":  # no usable rollout yet (e.g. all-zero advantages): be conservative
-            jagg_frac = 0.0
-        metrics["jagg/jagg_frac"] = float(jagg_frac)
+    return consecutive
 
-        # Update: backward over the stored experience, one optimizer step per chunk.
-        t0 = time.perf_counter()
-        ustats = UpdateStats()
-        backward_time = optimizer_time = 0.0
-        skipped = 0
-        grad_norms: list[float] = []
-        group_gen = torch.Generator().manual_seed(derive_seed(seed, it, -3))
-        for epoch in range(tcfg.inner_epochs):
-            perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
-            for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
-                groups = plan_update(traj, method, sample, jagg_frac, group_gen)
-                reuse = method.reuse_rollout_velocity and policy_version == traj.policy_version
-                sync.start_step()
-                if len(chunk) and finite:
-                    st = accumulate_gradients(policy, traj, advantages, chunk, groups, method, sample=sample,
-                                              train=tcfg, sync=sync, reuse=reuse, autocast=autocast)
-                    ustats.add(st)
-                t1 = time.perf_counter()
-                sync.reduce(trainable)
-                norm = torch.nn.utils.clip_grad_norm_(trainable, tcfg.max_grad_norm)
-                norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-                nonfinite = not math.isfinite(norm) or not finite or not math.isfinite(ustats.loss)
-                if fault("update", step) == "nan":  # (also the kill point "during update": after a backward)
-                    nonfinite = True
-                if nonfinite:
-                    skipped += 1
-                elif len(chunk) or world > 1:
-                    grad_norms.append(norm)
-                    optimizer.step()
-                    policy_version += 1
-                    if ema is not None:
-                        with torch.no_grad():
-                            for n, p in named:
-                                ema[n].lerp_(p.detach().float(), 1 - tcfg.ema_decay)
-                optimizer.zero_grad(set_to_none=True)
-                optimizer_time += time.perf_counter() - t1
-        backward_time = ustats.backward_seconds
-        metrics["time/update"] = time.perf_counter() - t0 - optimizer_time
-        metrics["time/backward"] = backward_time
-        metrics["time/optimizer"] = optimizer_time
-        metrics["train/loss"] = ustats.loss
-        for key in ("policy_loss", "approx_kl", "clipfrac", "kl"):
-            metrics[f"train/{key}"] = _mean(ustats.extras.get(key, []))
-        metrics["train/grad_norm"] = _mean(grad_norms)
-        metrics["train/grad_forwards"] = ustats.grad_forwards
-        metrics["train/nograd_forwards"] = ustats.nograd_forwards
-        metrics["train/forward_calls"] = ustats.forward_calls
-        metrics["train/backward_calls"] = ustats.backward_calls
-        metrics["train/all_reduces"] = sync.all_reduces
-        metrics["jagg/reused_velocities"] = ustats.reused_velocities
-        metrics["train/skipped_updates"] = skipped
-        metrics["train/policy_version"] = policy_version
 
-        metrics["time/iteration"] = time.perf_counter() - t_iter
-        sink.log_metrics(metrics, step)
-        # Numerical faults: a non-finite update is skipped; too many in a row stop the run (after logging the row).
-        if skipped:
-            consecutive_skips += 1
-            log.warning("iteration %d: non-finite reward, loss or gradient; update skipped", step)
-            if consecutive_skips >= tcfg.max_consecutive_skips:
-                raise TrainingError(
-                    f"{consecutive_skips} consecutive updates were skipped for non-finite values (iteration {step}); "
-                    f"check the rewards and lower train.lr. The last good checkpoint is {last_ckpt}."
-                )
-        else:
-            consecutive_skips = 0
-        if main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
-            k = min(8, traj.batch_size)
-            sink.log_image(image_grid(traj.images[:k], prompts_b[:k], ncols=4), "rollout", step)
-        history.append({"iteration": step, **metrics})
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", s_it=f"{metrics['time/iteration']:.1f}")
-        elif main:  # no terminal (Prefect, DVC, a log file): one line per iteration, so the run is never silent
-            done = len(history)
-            eta = (time.perf_counter() - t_loop) / done * (tcfg.iterations - step)
-            log.info("train %s: iteration %d/%d  reward %.4f  update %.2f s  iteration %.2f s  ETA %d:%02d", run,
-                     step, tcfg.iterations, metrics["reward/mean"], metrics["time/update"],
+def _save(r: _Run, iteration: int, metrics: dict[str, float]) -> Path | None:
+    """A checkpoint of the trained weights, optimizer, EMA and state (a collective: every rank calls it)."""
+    state = {"run_key": r.run_key, "policy_version": r.policy_version, "jagg_frac": r.jagg_frac,
+             "method": r.method.name, "seed": r.seed,
+             "metrics": metrics, "params": r.params.model_dump(mode="json")}
+    trainable_state = trainable_state_dict(r.policy.transformer)  # collective under FSDP: every rank takes part
+    opt_state = _optimizer_state(r.optimizer, r.policy.transformer, sharded=r.sync.sharded)
+    path = None
+    if r.main:
+        path = save_checkpoint(r.ckpt_root, iteration, trainable=trainable_state, optimizer=opt_state,
+                               state=state, ema=r.ema, keep=r.params.train.keep_checkpoints).path
+    r.accelerator.wait_for_everyone()
+    return path
+
+
+class _Progress:
+    """A progress bar on a terminal; elsewhere (Prefect, DVC, a log file) one log line per iteration."""
+
+    def __init__(self, r: _Run, start: int, progress: bool):
+        self.r, self.start, self.t0 = r, start, time.perf_counter()
+        self.total = r.params.train.iterations
+        self.bar = None
+        if progress and r.main:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self.total, initial=start, desc=f"train {r.name}", unit="it", dynamic_ncols=True)
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{metrics['reward/mean']:.3f}", s_it=f"{metrics['time/iteration']:.1f}")
+        elif self.r.main:
+            eta = (time.perf_counter() - self.t0) / (step - self.start) * (self.total - step)
+            log.info("train %s: iteration %d/%d  reward %.4f  update %.2f s  iteration %.2f s  ETA %d:%02d",
+                     self.r.name, step, self.total, metrics["reward/mean"], metrics["time/update"],
                      metrics["time/iteration"], eta // 60, eta % 60)
 
-        # Checkpoint every N iterations and at the end.
-        if step % tcfg.checkpoint_every == 0 or step == tcfg.iterations:
-            last_ckpt = save(step, {k: v for k, v in metrics.items() if not k.startswith("time/")})
-    if bar is not None:
-        bar.close()
-    if start >= tcfg.iterations and main:
-        log.info("%s already trained for %d iterations; nothing to do", run, tcfg.iterations)
-    return TrainResult(run=run, iterations=tcfg.iterations, checkpoint=last_ckpt, curve=layout.curve(run),
-                       history=history)
-
-
-def _fidelity(policy, traj: Trajectory, advantages, rows, method: ResolvedMethod, params: Params, autocast):
-    """cos(JAGG, exact) per group position on a micro-batch of this rollout (its own scale, grads restored)."""
-    mb = rows[: params.train.micro_batch]
-    steps = traj.train_steps
-
-    def fns(i: int):
-        return make_step_fns(policy, traj, mb, advantages, [steps[i]], sample=params.sample, train=params.train,
-                             scale=1.0, autocast=autocast)
-
-    def velocity(i: int):
-        return fns(i)[0](0)
-
-    def step_loss(i: int, v):
-        return fns(i)[2](0, v)
-
-    return gradient_fidelity(policy.trainable_parameters(), velocity, step_loss, traj.timesteps[steps],
-                             method.window, anchors=method.anchors, variant=method.variant)
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

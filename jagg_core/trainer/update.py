@@ -8,20 +8,23 @@ number of processes. The trainer differs between methods only in the ``mode`` ha
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 
 from ..config import ResolvedMethod, SampleConfig, TrainConfig
+from ..fidelity import FidelityReport, gradient_fidelity
 from ..jagg import Group, group_backward, plan_groups
 from ..loss import ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
-from .distributed import Fsdp2Sync, GradSync
+from .distributed import GradSync
 from .rollout import Trajectory
 
-__all__ = ["UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns"]
+__all__ = ["StepFns", "UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
 
 
 @dataclass
@@ -52,6 +55,15 @@ def plan_update(traj: Trajectory, method: ResolvedMethod, sample: SampleConfig, 
                        generator=generator)
 
 
+class StepFns(NamedTuple):
+    """The callables :func:`jagg_core.group_backward` takes for one group of steps, over one set of image rows."""
+
+    velocity: Callable[[int], torch.Tensor]  # j -> v_j (B, *latent), the policy on stored step j of the group
+    velocity_batch: Callable[[Sequence[int]], list[torch.Tensor]]  # [j, ...] -> [v_j, ...] in one policy call
+    step_loss: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict]]  # (j, v) -> (scaled L_j, diagnostics)
+    middle_velocity: Callable[[int], torch.Tensor | None]  # j -> the rollout's own v_j, if it was kept
+
+
 def make_step_fns(
     policy: Policy,
     traj: Trajectory,
@@ -63,8 +75,8 @@ def make_step_fns(
     train: TrainConfig,
     scale: float,
     autocast: Callable[[], object],
-):
-    """(velocity, velocity_batch, step_loss, middle_velocity) over the group ``steps`` for the image rows ``images``."""
+) -> StepFns:
+    """The :class:`StepFns` of the group ``steps`` for the image rows ``images``."""
     embeds = traj.image_embeds(images)
     n = len(images)
     device = policy.device
@@ -110,7 +122,7 @@ def make_step_fns(
         v = traj.velocities.get(steps[j])
         return None if v is None else v[images].to(device)
 
-    return velocity, velocity_batch, step_loss, middle_velocity
+    return StepFns(velocity, velocity_batch, step_loss, middle_velocity)
 
 
 def accumulate_gradients(
@@ -138,18 +150,44 @@ def accumulate_gradients(
     micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
     for m, mb in enumerate(micro):
         for k, g in enumerate(groups):
-            if isinstance(sync, Fsdp2Sync):
-                sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
-            velocity, velocity_batch, step_loss, middle_velocity = make_step_fns(
-                policy, traj, mb, advantages, g.steps, sample=sample, train=train,
-                scale=len(mb) / local / n_steps, autocast=autocast,
-            )
+            sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
+            fns = make_step_fns(policy, traj, mb, advantages, g.steps, sample=sample, train=train,
+                                scale=len(mb) / local / n_steps, autocast=autocast)
             gs = group_backward(
-                velocity, step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
+                fns.velocity, fns.step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
                 anchors=method.anchors,
-                middle_velocity=middle_velocity if reuse else None,
-                velocity_batch=velocity_batch if method.variant == "joint" else None,
+                middle_velocity=fns.middle_velocity if reuse else None,
+                velocity_batch=fns.velocity_batch if method.variant == "joint" else None,
                 before_backward=sync.before_backward,
             )
             stats.add(gs)
     return stats
+
+
+def trajectory_fidelity(
+    policy: Policy,
+    traj: Trajectory,
+    advantages: torch.Tensor,
+    rows: torch.Tensor,
+    *,
+    window: int,
+    anchors: int = 2,
+    variant: str = "joint",
+    sample: SampleConfig,
+    train: TrainConfig,
+    autocast: Callable[[], object] = contextlib.nullcontext,
+) -> FidelityReport:
+    """cos(JAGG, exact) and cos(ablate, exact) per group position on the image ``rows`` of a stored rollout.
+
+    Each step's loss at its own scale; the parameters' gradients are left as they were. Shared by the trainer's
+    fidelity monitor and the benchmark.
+    """
+    steps = traj.train_steps
+
+    def fns(i: int) -> StepFns:
+        return make_step_fns(policy, traj, rows, advantages, [steps[i]], sample=sample, train=train, scale=1.0,
+                             autocast=autocast)
+
+    return gradient_fidelity(policy.trainable_parameters(), lambda i: fns(i).velocity(0),
+                             lambda i, v: fns(i).step_loss(0, v), traj.timesteps[steps], window, anchors=anchors,
+                             variant=variant)
