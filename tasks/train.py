@@ -85,8 +85,14 @@ def worker(params: Params, lay: Layout, method: str, seed: int) -> None:
     from jagg_core.trainer import train
 
     logger = None
-    if not logging.getLogger().handlers:  # the trainer's progress lines reach the launcher (and Prefect) on stdout
-        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+    # The trainer's progress lines go to stdout, which the launcher relays to its log (and Prefect's).
+    trainer_log = logging.getLogger("jagg_core")
+    if not trainer_log.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        trainer_log.addHandler(handler)
+    trainer_log.setLevel(logging.INFO)
+    trainer_log.propagate = False
     if os.environ.get("JAGG_MLFLOW_RUN") and int(os.environ.get("RANK", "0")) == 0:
         from jagg_core.tracking import Tracker
 
