@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from .config import Params
+from .storage import replace_dir
 from .policies.toy_flux import ToyFluxPolicy, build_toy_flux, save_toy_flux
 from .world import sample_training_pair, vocabulary
 
@@ -159,13 +160,7 @@ def _save_atomically(out_dir: Path, transformer, text_encoder, tokenizer, geomet
         save_toy_flux(tmp, transformer, text_encoder, tokenizer, geometry)
         (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
         (tmp / "README.md").write_text(_card_markdown(card))
-        if out_dir.exists():
-            trash = out_dir.parent / f".trash-{out_dir.name}-{os.getpid()}"
-            os.replace(out_dir, trash)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
+        replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

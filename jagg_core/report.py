@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from .config import Params
 from .paths import Layout, run_name
-from .trainer.logging import atomic_write_bytes, atomic_write_text
+from .storage import atomic_write_bytes, atomic_write_text
 
 __all__ = ["build_report", "cost_model_speedup", "fidelity_by_position", "read_curve", "speed_table"]
 

@@ -11,7 +11,17 @@ import torch
 from .policies.base import Policy, PromptEmbeds
 from .sde import sde_step_with_logprob
 
-__all__ = ["Denoised", "denoise", "sample_images", "image_grid", "to_uint8", "seeded_generators"]
+__all__ = ["Denoised", "denoise", "derive_seed", "sample_images", "image_grid", "to_uint8", "seeded_generators"]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed mixing integers (splitmix64), for independent per-(seed, iteration, index) streams."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+    return x & 0x7FFFFFFFFFFFFFFF
 
 
 def seeded_generators(seeds: Sequence[int]) -> list[torch.Generator]:

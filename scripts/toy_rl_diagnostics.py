@@ -2,6 +2,7 @@
 
     python scripts/toy_rl_diagnostics.py snr --out docs/toy_rl/snr.json
     python scripts/toy_rl_diagnostics.py kl --out docs/toy_rl/kl.json
+    python scripts/toy_rl_diagnostics.py step --reward toy_fidelity --out docs/toy_rl/step-toy_fidelity.json
 
 - ``snr``: how aligned the GRPO gradients of independent rollouts are, against the images per optimizer step and
   the prompts they come from: cos(g_a, g_b) for two rollouts of the same prompts (other SDE noise) and of different
@@ -9,6 +10,8 @@
 - ``kl``: where the large log-ratios come from once the policy moves: after k optimizer steps on a rollout (as
   ``train.optimizer_steps_per_epoch`` does), the log-ratio of every (image, trained step) of that rollout, summarised
   per SDE step, with the share of ½·mean(log_ratio²) carried by the largest 1% of the samples.
+- ``step``: one step of norm r along minus the normalised loss gradient (or its sign, as Adam's first step) and
+  the reverse, judged by fresh rollouts with common random numbers on the trained prompts and on others.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from jagg_core.build import policy_from_params, reward_from_params  # noqa: E402
 from jagg_core.config import load_params  # noqa: E402
 from jagg_core.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
-from jagg_core.trainer.loop import read_prompts  # noqa: E402
+from jagg_core.storage import read_prompts  # noqa: E402
 from jagg_core.trainer.rollout import rollout  # noqa: E402
 from jagg_core.trainer.update import accumulate_gradients, make_step_fns, plan_update  # noqa: E402
 
@@ -132,9 +135,56 @@ def kl(args) -> dict:
     return out
 
 
+def step(args) -> dict:
+    """The expected reward of fresh rollouts after one step of norm r along ±(the normalised loss gradient).
+
+    The gradient comes from 2 rollouts of 16 training prompts × 16 images under ``--reward``; every evaluation uses
+    the same noise (common random numbers) on the same 16 prompts and on 16 others.
+    """
+    from jagg_core.rewards import make_reward
+
+    weights = {name: 1.0 for name in args.reward.split("+")}
+    params, policy, prompts, reward_fn = _setup({"sample.prompts_per_iteration": 16, "sample.group_size": 16,
+                                                 "reward.weights": weights})
+    ids = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(args.seed))[:16].tolist()
+    other = [i for i in range(len(prompts)) if i not in ids][:16]
+    g = sum(_grad(params, policy, *_rollout(params, policy, prompts, reward_fn, ids, args.seed, i)[:2])
+            for i in range(2))
+    theta = [p.detach().clone() for p in policy.trainable_parameters()]
+    judges = {"toy_fidelity": make_reward("toy_fidelity"), "jpeg_compressibility": make_reward("jpeg_compressibility")}
+
+    def measure(idset):
+        out: dict[str, list[float]] = {}
+        for it in (11, 12):
+            traj = _rollout(params, policy, prompts, reward_fn, idset, 7, it)[0]
+            texts = [traj.prompts[int(i)] for i in traj.prompt_index]
+            for name, fn in judges.items():
+                r, info = fn(traj.images, texts, [{} for _ in texts])
+                out.setdefault(name, []).append(float(r.mean()))
+                for k, v in info.items():
+                    if k != "kb":
+                        out.setdefault(k, []).append(float(v.mean()))
+        return {k: sum(v) / len(v) for k, v in out.items()}
+
+    rows = []
+    for kind, direction in (("gradient", g / g.norm()), ("sign", torch.sign(g) / torch.sign(g).norm())):
+        for r in (0.0, 0.1, 0.3, -0.1):
+            if kind == "sign" and r == 0.0:
+                continue
+            with torch.no_grad():
+                off = 0
+                for p, t0 in zip(policy.trainable_parameters(), theta):
+                    p.copy_(t0 - r * direction[off : off + t0.numel()].view_as(t0))
+                    off += t0.numel()
+            rows.append({"direction": kind, "r": r, "same_prompts": measure(ids), "other_prompts": measure(other)})
+            print(json.dumps(rows[-1]), flush=True)
+    return {"reward": weights, "rows": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["snr", "kl"])
+    ap.add_argument("what", choices=["snr", "kl", "step"])
+    ap.add_argument("--reward", default="toy_fidelity", help="step: the training reward, e.g. toy_precision+toy_background")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
@@ -142,7 +192,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = {"snr": snr, "kl": kl}[args.what](args)
+    result = {"snr": snr, "kl": kl, "step": step}[args.what](args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0

@@ -36,7 +36,7 @@ class ServiceError(RuntimeError):
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     """The error types whose message is written for the user: printed as one sentence, no traceback."""
-    from jagg_core.evaluation.benchmark import PromptFileError
+    from jagg_core.storage import PromptFileError
     from jagg_core.evaluation.evaluate import EvalError
     from jagg_core.policies.base import PolicyError
     from jagg_core.rewards.base import RewardError

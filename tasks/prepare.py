@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from prefect import task
 
 from jagg_core.config import Params, ParamsError
 from jagg_core.paths import Layout
-from jagg_core.trainer.logging import atomic_write_text
+from jagg_core.storage import atomic_write_text, write_prompts_jsonl
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -32,7 +31,7 @@ def prepare(params: Params, lay: Layout) -> dict:
         write_prompt_splits(lay.prompts, train, test)
     else:
         from jagg_core.evaluation import load_hps_benchmark
-        from jagg_core.trainer import read_prompts
+        from jagg_core.storage import read_prompts
 
         if not params.data.train_prompts:
             raise ParamsError(
@@ -41,7 +40,7 @@ def prepare(params: Params, lay: Layout) -> dict:
             )
         train = read_prompts(params.data.train_prompts)
         test = load_hps_benchmark(params.eval.benchmark)
-        atomic_write_text(lay.train_prompts, "".join(json.dumps({"prompt": p}) + "\n" for p in train))
+        write_prompts_jsonl(lay.train_prompts, train)
         for style, prompts in test.items():
             atomic_write_text(lay.benchmark / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
     summary = {"train": len(train), "test": {s: len(p) for s, p in test.items()}, "dir": str(lay.prompts)}

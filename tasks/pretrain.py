@@ -10,7 +10,7 @@ from prefect import task
 
 from jagg_core.config import Params
 from jagg_core.paths import Layout
-from jagg_core.trainer.logging import atomic_write_text
+from jagg_core.storage import atomic_write_text
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 

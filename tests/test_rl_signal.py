@@ -47,7 +47,7 @@ def _setup(root, overrides):
     from jagg_core.build import policy_from_params, reward_from_params
     from jagg_core.config import load_params
     from jagg_core.paths import Layout
-    from jagg_core.trainer.loop import read_prompts
+    from jagg_core.storage import read_prompts
 
     params = load_params(root / "params.yaml", "ci", {**JPEG, **overrides})
     lay = Layout(root, "ci")

@@ -198,7 +198,7 @@ def render_markdown(results: Sequence[dict]) -> str:
 
 
 def write_markdown(results: Sequence[dict], path: str | Path) -> Path:
-    from ..trainer.logging import atomic_write_text
+    from ..storage import atomic_write_text
 
     atomic_write_text(path, render_markdown(results))
     return Path(path)

@@ -198,7 +198,7 @@ def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], No
 
 def save_result(result: dict, out_dir: str | Path) -> Path:
     """``<out_dir>/<timestamp>-<model>.json`` (written atomically)."""
-    from ..trainer.logging import atomic_write_text
+    from ..storage import atomic_write_text
 
     stamp = _dt.datetime.fromisoformat(result["created"]).strftime("%Y%m%dT%H%M%S")
     path = Path(out_dir) / f"{stamp}-{result['model']['name']}.json"

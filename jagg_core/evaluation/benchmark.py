@@ -20,7 +20,6 @@ does on such a list; a style shorter than ``block_size`` is one block (std 0).
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
 from collections import defaultdict
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+
+from ..storage import PromptFileError, read_prompt_list
 
 __all__ = [
     "BLOCK_SIZE",
@@ -78,22 +79,6 @@ def _download_hint(styles: Sequence[str]) -> str:
     )
 
 
-class PromptFileError(ValueError):
-    """A benchmark prompt file is unreadable or malformed; the message is for the user."""
-
-
-def _read_prompts(path: Path) -> list[str]:
-    try:
-        prompts = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-    except UnicodeDecodeError:
-        raise PromptFileError(f"{path} is not UTF-8 text.") from None
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-        raise PromptFileError(f"{path} must hold a non-empty JSON list of prompt strings.")
-    return prompts
-
-
 def load_hps_benchmark(
     source: str | Path | None = None, *, styles: Sequence[str] = HPS_STYLES, subset: int | None = None
 ) -> dict[str, list[str]]:
@@ -135,7 +120,7 @@ def load_hps_benchmark(
             paths[style] = folder / f"{style}.json"
             if not paths[style].is_file():
                 raise FileNotFoundError(f"the benchmark file {paths[style]} does not exist: {_download_hint(styles)}.")
-    return {style: _read_prompts(path)[:subset] for style, path in paths.items()}
+    return {style: read_prompt_list(path)[:subset] for style, path in paths.items()}
 
 
 # --- Scoring images --------------------------------------------------------------------------------------------------

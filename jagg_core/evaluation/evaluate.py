@@ -23,8 +23,9 @@ from ..config import Params
 from ..paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
-from ..trainer.logging import MetricLogger, NullLogger, atomic_write_bytes, atomic_write_text
-from ..trainer.rollout import derive_seed
+from ..metric_logger import MetricLogger, NullLogger
+from ..sampling import derive_seed
+from ..storage import atomic_write_bytes, atomic_write_text
 from .benchmark import image_path, load_hps_benchmark, score_image_folder, score_records, summarize_scores
 
 __all__ = ["EvalError", "test_prompts", "evaluate_run", "evaluate_step"]

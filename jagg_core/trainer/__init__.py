@@ -2,7 +2,8 @@
 
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve
-from .loop import TrainingError, TrainResult, read_prompts, train
+from ..storage import read_prompts
+from .loop import TrainingError, TrainResult, train
 from .rollout import Trajectory, rollout
 
 __all__ = [

@@ -25,7 +25,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..faults import fault
-from .logging import atomic_write_text
+from ..storage import atomic_write_text, replace_dir
 
 __all__ = [
     "Checkpoint",
@@ -111,13 +111,7 @@ def save_checkpoint(
         fault("checkpoint", iteration)  # reliability tests: killed or out of space mid-write
         manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-        if final.exists():  # a re-run of the same iteration replaces it
-            trash = root / f".trash-{final.name}-{os.getpid()}"
-            os.replace(final, trash)
-            os.replace(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, final)
+        replace_dir(tmp, final)  # a re-run of the same iteration replaces it; a complete copy is always there
     except OSError as e:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(

@@ -1,4 +1,4 @@
-"""The trainer's one small logging interface, and the TSV curve every run writes.
+"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.metric_logger`).
 
 The trainer emits namespaced metrics (``reward/…``, ``train/…``, ``time/…``, ``jagg/…``) per iteration through a
 :class:`MetricLogger`; the pipeline binds it to MLflow, and :class:`TsvCurve` always writes ``curve.tsv`` (one row per
@@ -11,62 +11,13 @@ import csv
 import io
 import math
 import os
-import tempfile
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping
 
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
+from ..metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..storage import atomic_write_text
 
-__all__ = ["MetricLogger", "NullLogger", "MultiLogger", "TsvCurve", "atomic_write_text", "atomic_write_bytes"]
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any written file
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
-
-
-class MetricLogger(Protocol):
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
-
-    def log_image(self, image: Any, key: str, step: int) -> None: ...
-
-
-class NullLogger:
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        pass
-
-    def log_image(self, image: Any, key: str, step: int) -> None:
-        pass
-
-
-class MultiLogger:
-    def __init__(self, loggers: Sequence[MetricLogger]):
-        self.loggers = list(loggers)
-
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        for lg in self.loggers:
-            lg.log_metrics(metrics, step)
-
-    def log_image(self, image: Any, key: str, step: int) -> None:
-        for lg in self.loggers:
-            lg.log_image(image, key, step)
+__all__ = ["MetricLogger", "NullLogger", "MultiLogger", "TsvCurve"]
 
 
 class TsvCurve:

@@ -8,7 +8,6 @@ iteration's prompts, and gradients are synchronised once per optimizer step.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import shutil
@@ -25,15 +24,17 @@ from ..faults import fault
 from ..paths import Layout, run_name
 from ..build import pick_device, policy_from_params, reward_from_params
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
-from ..sampling import image_grid
+from ..sampling import derive_seed, image_grid
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
-from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve, atomic_write_text
-from .rollout import Trajectory, derive_seed, rollout
+from ..metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..storage import atomic_write_text, read_prompts
+from .logging import TsvCurve
+from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
-__all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainingError", "TrainResult", "train", "read_prompts"]
+__all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainingError", "TrainResult", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -49,30 +50,6 @@ class TrainResult:
     checkpoint: Path | None
     curve: Path
     history: list[dict[str, float]] = field(default_factory=list)
-
-
-def read_prompts(path: str | Path) -> list[str]:
-    """Prompts of a ``.jsonl`` file of ``{"prompt": ...}`` lines (or a ``.txt`` file, one per line)."""
-    path = Path(path)
-    if not path.exists():
-        raise TrainingError(f"the training prompts {path} do not exist; run the prepare stage (`jagg prepare`).")
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        if path.suffix == ".jsonl":
-            try:
-                obj = json.loads(line)
-                prompts.append(obj["prompt"] if isinstance(obj, dict) else None)
-            except (json.JSONDecodeError, KeyError):
-                prompts.append(None)
-            if not isinstance(prompts[-1], str):
-                raise TrainingError(f"{path}:{n} is not a JSON object with a string 'prompt'; fix or regenerate it.")
-        else:
-            prompts.append(line.strip())
-    if not prompts:
-        raise TrainingError(f"{path} has no prompts; regenerate it with `jagg prepare`.")
-    return prompts
 
 
 def _optimizer_state(optimizer, module, *, sharded: bool) -> dict:

@@ -19,19 +19,9 @@ import torch
 
 from ..config import SampleConfig
 from ..policies.base import Policy, PromptEmbeds
-from ..sampling import denoise, seeded_generators
+from ..sampling import denoise, derive_seed, seeded_generators
 
-__all__ = ["Trajectory", "rollout", "derive_seed", "choose_train_steps"]
-
-
-def derive_seed(*parts: int) -> int:
-    """A 63-bit seed mixing integers (splitmix64), for independent per-(seed, iteration, index) streams."""
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
-        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 29
-    return x & 0x7FFFFFFFFFFFFFFF
+__all__ = ["Trajectory", "rollout", "choose_train_steps"]
 
 
 @dataclass

@@ -8,14 +8,13 @@ Writes are atomic and everything is validated before the first byte is written, 
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..storage import atomic_write_text, write_prompts_jsonl
 from .sample import sample_prompt
 from .scene import FAMILIES
 
@@ -68,18 +67,6 @@ def make_prompt_splits(seed: int, n_train: int, n_test_per_style: int) -> tuple[
     return train, test
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def write_prompt_splits(out_dir: str | Path, train: Sequence[str], test: Mapping[str, Sequence[str]]) -> None:
     """Write ``out_dir/train.jsonl`` and ``out_dir/benchmark/<style>.json``; validated first, each file atomic."""
     train = _validate_prompts(train, "the train split")
@@ -92,9 +79,9 @@ def write_prompt_splits(out_dir: str | Path, train: Sequence[str], test: Mapping
 
     out_dir = Path(out_dir)
     (out_dir / "benchmark").mkdir(parents=True, exist_ok=True)
-    _write_atomic(out_dir / "train.jsonl", "".join(json.dumps({"prompt": p}) + "\n" for p in train))
+    write_prompts_jsonl(out_dir / "train.jsonl", train)
     for style, prompts in test.items():
-        _write_atomic(out_dir / "benchmark" / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
+        atomic_write_text(out_dir / "benchmark" / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
 
 
 def read_benchmark(folder: str | Path, styles: Sequence[str] | None = None) -> dict[str, list[str]]:

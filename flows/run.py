@@ -7,7 +7,9 @@ import os
 import sys
 import time
 
-from .common import ROOT, add_common_args, cli, layout, load, parse_overrides
+from tasks.common import ROOT, add_common_args, cli, layout, load
+
+from .reproduce import reproduce
 
 
 @cli
@@ -21,8 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     params = load(args.profile, args.params)  # fail on bad params before Prefect starts
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("JAGG_SWEEP", f"run-{time.strftime('%Y%m%d-%H%M%S')}")
-    from flows.reproduce import reproduce
-
     t0 = time.perf_counter()
     reproduce(profile=params.profile, parallel_runs=args.parallel_runs)
     lay = layout(params)

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+# The command lives with the flows, the top layer: `jagg run` starts a flow without a task importing a flow.
+
 import sys
 
 STAGES = {
@@ -17,7 +19,7 @@ STAGES = {
     "train": "tasks.train",
     "evaluate": "tasks.evaluate",
     "report": "tasks.report",
-    "run": "tasks.run",
+    "run": "flows.run",
     "bench": "tasks.bench",
     "services": "tasks.services",
     "ui": "tasks.services",

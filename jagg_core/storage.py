@@ -1,0 +1,122 @@
+"""Shared file I/O of every stage: atomic file writes, the atomic folder swap, and prompt files.
+
+One home, so the trainer, evaluation, the report, the bench, the world and the tasks all write the same way: a file
+appears whole or not at all (temporary file in the same folder, fsync, ``os.replace``, the permissions of any
+file the process writes), and a folder is replaced so that a complete copy is in place at every moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+__all__ = [
+    "PromptFileError",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "read_prompt_list",
+    "read_prompts",
+    "replace_dir",
+    "write_prompts_jsonl",
+]
+
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+class PromptFileError(ValueError):
+    """A prompt file that cannot be read: missing, not UTF-8, malformed or empty. The message is for the user."""
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any written file
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write_bytes(path, text.encode())
+
+
+def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Move the complete folder ``src`` to ``dest`` (same file system), replacing what is there.
+
+    The previous ``dest`` is renamed aside first and put back if the second rename fails, so one complete copy is
+    in place at every moment; it is deleted only once ``src`` is in place.
+    """
+    src, dest = Path(src), Path(dest)
+    if not dest.exists():
+        os.replace(src, dest)
+        return
+    trash = dest.parent / f".trash-{dest.name}-{os.getpid()}"
+    shutil.rmtree(trash, ignore_errors=True)
+    os.replace(dest, trash)
+    try:
+        os.replace(src, dest)
+    except BaseException:
+        os.replace(trash, dest)
+        raise
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def read_prompts(path: str | os.PathLike) -> list[str]:
+    """Prompts of a ``.jsonl`` file of ``{"prompt": ...}`` lines (or a ``.txt`` file, one per line)."""
+    path = Path(path)
+    if not path.exists():
+        raise PromptFileError(f"the prompt file {path} does not exist; run the prepare stage (`jagg prepare`).")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{path} is not UTF-8 text.") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".jsonl":
+            try:
+                obj = json.loads(line)
+                prompt = obj["prompt"] if isinstance(obj, dict) else None
+            except (json.JSONDecodeError, KeyError):
+                prompt = None
+            if not isinstance(prompt, str):
+                raise PromptFileError(f"{path}:{n} is not a JSON object with a string 'prompt'; fix or regenerate it.")
+            prompts.append(prompt)
+        else:
+            prompts.append(line.strip())
+    if not prompts:
+        raise PromptFileError(f"{path} has no prompts; regenerate it with `jagg prepare`.")
+    return prompts
+
+
+def write_prompts_jsonl(path: str | os.PathLike, prompts: Sequence[str]) -> None:
+    """``path`` as one ``{"prompt": ...}`` line per prompt, atomically (what :func:`read_prompts` reads)."""
+    atomic_write_text(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+
+
+def read_prompt_list(path: str | os.PathLike) -> list[str]:
+    """A JSON list of prompt strings (a benchmark style file, ``benchmark/<style>.json``)."""
+    path = Path(path)
+    try:
+        prompts = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{path} is not UTF-8 text.") from None
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+        raise PromptFileError(f"{path} must hold a non-empty JSON list of prompt strings.")
+    return prompts
