@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import Params
+from .cost import ideal_speedup
 from .paths import Layout, run_name
 from .storage import atomic_write_bytes, atomic_write_text
 
@@ -38,16 +39,10 @@ def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
 
 
 def cost_model_speedup(*, grad_forwards: float, nograd_forwards: float, reused: float = 0.0) -> float:
-    """Ideal update-stage speedup over exact from the cost model (forward 1, backward 2) and counted forwards.
-
-    Exact costs 3 per trained step; a method with ``grad_forwards`` with-grad forwards, ``nograd_forwards`` no-grad
-    forwards and ``reused`` velocities taken from the rollout costs ``3·grad + nograd`` for the same number of steps
-    (backward work scales with the graphs, not the calls). For the paper's JAGG this is 3W/(W + 4); with rollout-
-    velocity reuse W/2; with K anchors 3W/(W + 2K).
-    """
-    steps = grad_forwards + nograd_forwards + reused
-    cost = 3 * grad_forwards + nograd_forwards
-    return 3 * steps / cost if cost else float("nan")
+    """Ideal update-stage speedup over exact (:func:`jagg_core.cost.ideal_speedup`) from the counted forwards of a
+    run: with-grad forwards, no-grad forwards, and velocities reused from the rollout, all counting as steps."""
+    return ideal_speedup(steps=grad_forwards + nograd_forwards + reused, grad_forwards=grad_forwards,
+                         nograd_forwards=nograd_forwards)
 
 
 @dataclass

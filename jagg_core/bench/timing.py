@@ -21,6 +21,7 @@ import torch
 
 from ..jagg import Group
 from ..policies.base import Policy
+from ..cost import update_cost
 from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
 from .models import Experience, Variant, run_update, update_groups, variant, zero_grads
 
@@ -159,11 +160,9 @@ def ideal_cost(per_group: Sequence[dict], v: Variant, *, f0: float, f: float, b:
     total = 0.0
     for g in per_group:
         w = g["steps"]
-        if g["mode"] == "exact":
-            total += w * (f + b)
-        else:
-            k = min(v.anchors, w)
-            total += k * (f + b) + (0.0 if v.reuse else (w - k) * f0)
+        k = w if g["mode"] == "exact" else min(v.anchors, w)
+        nograd = 0 if g["mode"] == "exact" or v.reuse else w - k
+        total += update_cost(grad_forwards=k, nograd_forwards=nograd, f0=f0, f=f, b=b)
     return total
 
 

@@ -1,0 +1,24 @@
+"""The update stage's cost model (paper §Method; ARCHITECTURE §1), one pure function for the report and the bench.
+
+A step trained with autograd costs a forward and a backward (``f + b``); a JAGG middle step recomputed under
+``no_grad`` costs one forward ``f0``; a velocity reused from the rollout costs nothing. With forward = 1 and
+backward = 2 an exact group of W steps costs 3W, a JAGG group W + 4 (two anchors), so the ideal update speedup is
+3W/(W + 4): 1.5x at W = 4, 2x at W = 8; with reuse 3W/6 = W/2; with K anchors 3W/(W + 2K).
+"""
+
+from __future__ import annotations
+
+__all__ = ["update_cost", "ideal_speedup"]
+
+
+def update_cost(*, grad_forwards: float, nograd_forwards: float, f0: float = 1.0, f: float = 1.0,
+                b: float = 2.0) -> float:
+    """Cost of an update with ``grad_forwards`` graphs (forward + backward each) and ``nograd_forwards`` forwards."""
+    return grad_forwards * (f + b) + nograd_forwards * f0
+
+
+def ideal_speedup(*, steps: float, grad_forwards: float, nograd_forwards: float, f0: float = 1.0, f: float = 1.0,
+                  b: float = 2.0) -> float:
+    """Exact's cost for ``steps`` trained steps (one graph each) over the method's :func:`update_cost`."""
+    cost = update_cost(grad_forwards=grad_forwards, nograd_forwards=nograd_forwards, f0=f0, f=f, b=b)
+    return steps * (f + b) / cost if cost else float("nan")
