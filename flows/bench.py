@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from prefect import flow
@@ -16,9 +17,9 @@ def bench_flow(
     model: str = "toy",
     windows: list[int] | None = None,
     fracs: list[float] | None = None,
-    repeats: int = 7,
-    batch: int = 4,
-    steps: int = 16,
+    repeats: int | None = None,
+    batch: int | None = None,
+    steps: int | None = None,
     threads: int | None = None,
     memory: bool = True,
     comm: bool = True,
@@ -31,18 +32,18 @@ def bench_flow(
 
     Args:
         model: toy | large | both (built-in, random weights); ignored with ``profile``.
-        windows: group sizes W (default 2, 4, 8).
-        fracs: jagg_frac values (default 0.6, 1.0).
+        windows, fracs, repeats, batch, steps: as `jagg bench`; None keeps BenchConfig's default.
         profile: benchmark this profile's real policy instead (its weights and device).
         write_docs: also render the markdown tables to this repository-relative path.
     """
     if not profile and model not in (*BUILTIN_MODELS, "both"):
         raise BenchError(f"model {model!r} is not one of toy, large, both.")
     params = load(profile)
-    cfg = BenchConfig(windows=tuple(windows or (2, 4, 8)), fracs=tuple(fracs or (0.6, 1.0)), repeats=repeats,
-                      batch=batch, steps=steps,
-                      threads=threads or params.resources.num_threads or len(os.sched_getaffinity(0)),
-                      memory=memory, comm=comm)
+    given = {"windows": tuple(windows) if windows else None, "fracs": tuple(fracs) if fracs else None,
+             "repeats": repeats, "batch": batch, "steps": steps}
+    cfg = dataclasses.replace(BenchConfig(), **{k: v for k, v in given.items() if v is not None},
+                              threads=threads or params.resources.num_threads or len(os.sched_getaffinity(0)),
+                              memory=memory, comm=comm)
     models = list(BUILTIN_MODELS) if model == "both" else [model]
     paths = bench(params, cfg, models=models, profile=bool(profile), out=out, write_docs=write_docs, mlflow=mlflow)
     return [str(p) for p in paths]

@@ -21,7 +21,7 @@ from .cost import ideal_speedup
 from .paths import Layout, run_name
 from .storage import atomic_write_bytes, atomic_write_text
 
-__all__ = ["build_report", "cost_model_speedup", "fidelity_by_position", "read_curve", "speed_table"]
+__all__ = ["build_report", "cost_model_speedup", "fidelity_by_position", "markdown_table", "read_curve", "speed_table"]
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -400,9 +400,11 @@ def _speed_rows(summary: dict) -> list[list[str]]:
     return rows
 
 
-def _md_table(rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])] +
-                     ["| " + " | ".join(r) + " |" for r in rows[1:]]) + "\n"
+def markdown_table(rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub markdown table; the first row is the header (the report's and the benchmark page's one writer)."""
+    head = [str(c) for c in rows[0]]
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] +
+                     ["| " + " | ".join(str(c) for c in r) + " |" for r in rows[1:]]) + "\n"
 
 
 def _markdown(params: Params, summary: dict) -> str:
@@ -411,13 +413,13 @@ def _markdown(params: Params, summary: dict) -> str:
              "Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation, same seeds, "
              "same rollouts budget.\n",
              "## Final evaluation (test set, benchmark protocol; mean ± std over seeds)\n",
-             _md_table(_final_table(summary, metrics)),
+             markdown_table(_final_table(summary, metrics)),
              f"## Per seed: final `{metrics[0]}` (gain over the base model)\n",
-             _md_table(_seed_rows(summary, metrics[0])),
+             markdown_table(_seed_rows(summary, metrics[0])),
              f"## Paired by seed: differences of final `{metrics[0]}` (Student-t 95% interval)\n",
-             _md_table(_paired_rows(summary)),
+             markdown_table(_paired_rows(summary)),
              "## Speed (per iteration; update = forward + backward on stored experience)\n",
-             _md_table(_speed_rows(summary)),
+             markdown_table(_speed_rows(summary)),
              "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
              "for JAGG with no-grad middle steps, W/2 with rollout-velocity reuse. 'measured/ideal gain' is "
              "(measured − 1)/(ideal − 1).\n"]

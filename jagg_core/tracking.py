@@ -82,13 +82,10 @@ class Tracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
         self.client = MlflowClient(tracking_uri=self.uri)
         name = params.tracking.experiment.format(profile=params.profile)
-        try:
-            exp = self._call(lambda: self.client.get_experiment_by_name(name), "open the experiment")
-            self.experiment_id = exp.experiment_id if exp else self._call(
-                lambda: self.client.create_experiment(name), "create the experiment"
-            )
-        except TrackingError:
-            raise
+        exp = self._call(lambda: self.client.get_experiment_by_name(name), "open the experiment")
+        self.experiment_id = exp.experiment_id if exp else self._call(
+            lambda: self.client.create_experiment(name), "create the experiment"
+        )
         self.experiment = name
 
     def _call(self, fn: Callable[[], T], what: str) -> T:

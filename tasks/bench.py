@@ -118,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--model", default=None,
                     help="built-in model: toy | large | both (default toy; not with --profile)")
-    ap.add_argument("--windows", default="2,4,8", help="group sizes W, comma-separated (default 2,4,8)")
-    ap.add_argument("--fracs", default="0.6,1.0", help="jagg_frac values, comma-separated (default 0.6,1.0)")
-    ap.add_argument("--repeats", type=int, default=7, help="timed rounds after one warm-up (default 7)")
-    ap.add_argument("--batch", type=int, default=4, help="images per micro-batch (default 4)")
-    ap.add_argument("--steps", type=int, default=16, help="trained steps T, a multiple of every W (default 16)")
+    d = BenchConfig()  # the one place the defaults live
+    windows, fracs = ",".join(map(str, d.windows)), ",".join(f"{x:g}" for x in d.fracs)
+    ap.add_argument("--windows", default=windows, help=f"group sizes W, comma-separated (default {windows})")
+    ap.add_argument("--fracs", default=fracs, help=f"jagg_frac values, comma-separated (default {fracs})")
+    ap.add_argument("--repeats", type=int, default=d.repeats, help=f"timed rounds after one warm-up (default {d.repeats})")
+    ap.add_argument("--batch", type=int, default=d.batch, help=f"images per micro-batch (default {d.batch})")
+    ap.add_argument("--steps", type=int, default=d.steps, help=f"trained steps T, a multiple of every W (default {d.steps})")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: resources.num_threads, else every usable core)")
     ap.add_argument("--no-memory", action="store_true", help="skip the per-variant memory probes")
@@ -141,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     models = list(BUILTIN_MODELS) if model == "both" else [model]
     threads = args.threads if args.threads is not None else (
         params.resources.num_threads or len(os.sched_getaffinity(0)))
-    cfg = BenchConfig(windows=parse_list("--windows", args.windows, int, "2,4,8"),
-                      fracs=parse_list("--fracs", args.fracs, float, "0.6,1.0"), repeats=args.repeats,
+    cfg = BenchConfig(windows=parse_list("--windows", args.windows, int, windows),
+                      fracs=parse_list("--fracs", args.fracs, float, fracs), repeats=args.repeats,
                       batch=args.batch, steps=args.steps, threads=threads, memory=not args.no_memory,
                       comm=not args.no_comm)
     bench(params, cfg, models=models, profile=bool(args.profile), out=args.out, write_docs=args.write_docs,

@@ -8,6 +8,8 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from ..report import markdown_table
+
 __all__ = ["render_markdown", "write_markdown"]
 
 
@@ -21,9 +23,7 @@ def _x(x: float | None) -> str:
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return out + [""]
+    return markdown_table([header, *rows]).splitlines() + [""]
 
 
 def _machine(results: Sequence[dict]) -> list[str]:
