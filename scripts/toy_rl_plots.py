@@ -36,6 +36,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def step_table() -> str:
+    """One row per (training reward, direction, r): fidelity and JPEG reward after the step, same and other prompts."""
+    out = ["| trained on | direction | r | toy_fidelity, same / other prompts | jpeg_compressibility, same / other |",
+           "|---|---|---|---|---|"]
+    for path in sorted(DOCS.glob("step-*.json")):
+        data = json.loads(path.read_text())
+        for row in data["rows"]:
+            s, o = row["same_prompts"], row["other_prompts"]
+            out.append(f"| {' + '.join(data['reward'])} | {row['direction']} | {row['r']:+g} | "
+                       f"{s['toy_fidelity']:.4f} / {o['toy_fidelity']:.4f} | "
+                       f"{s['jpeg_compressibility']:.4f} / {o['jpeg_compressibility']:.4f} |")
+    return "\n".join(out)
+
+
 def plot_cells(rows: list[dict]) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8), dpi=110)
     for i, r in enumerate(rows):
@@ -98,6 +112,8 @@ def main() -> int:
         if (DOCS / name).exists():
             fn()
     print(table(rows))
+    print()
+    print(step_table())
     return 0
 
 
