@@ -7,6 +7,7 @@ import os
 import sys
 import time
 
+from jagg_core.config import ParamsError
 from tasks.common import ROOT, add_common_args, cli, layout, load
 
 from .reproduce import reproduce
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
     args = ap.parse_args(argv)
+    if args.parallel_runs < 1:
+        raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
     if args.overrides:
         raise SystemExit("jagg run: --set is not supported here; edit params.yaml or add a profile.")
     params = load(args.profile, args.params)  # fail on bad params before Prefect starts

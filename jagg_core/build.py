@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import Params
+from .config import Params, ParamsError
 from .paths import Layout
 
 __all__ = ["DTYPES", "pick_device", "policy_from_params", "reward_from_params"]
@@ -16,7 +16,7 @@ def pick_device(params: Params) -> torch.device:
     """``resources.device``: cpu, cuda, or auto (cuda when one is visible)."""
     want = params.resources.device
     if want == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("resources.device is 'cuda' but no CUDA device is visible; set it to 'auto' or 'cpu'.")
+        raise ParamsError("resources.device is 'cuda' but no CUDA device is visible; set it to 'auto' or 'cpu'.")
     return torch.device("cuda" if want != "cpu" and torch.cuda.is_available() else "cpu")
 
 

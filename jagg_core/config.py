@@ -12,7 +12,7 @@ import copy
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal, Mapping, Union, get_args
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -49,7 +49,28 @@ JaggFrac = Annotated[Union[float, str, None], BeforeValidator(_jagg_frac)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # No inf or NaN anywhere (lr = inf would train nothing and say nothing).
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_silent_coercion(cls, data: Any) -> Any:
+        """true/false is not a number and "5" is not a count: refuse what pydantic would quietly convert.
+
+        A float field still takes a numeric string, because YAML 1.1 reads ``3e-4`` (no dot) as one.
+        """
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is None:
+                continue
+            types = set(get_args(field.annotation) or (field.annotation,))
+            if isinstance(value, bool) and types & {int, float} and bool not in types:
+                raise ValueError(f"{name} = {value!r} must be a number, not true/false")
+            if isinstance(value, str) and int in types and float not in types and str not in types:
+                raise ValueError(f"{name} = {value!r} must be a whole number, not a quoted string")
+        return data
 
 
 class LoraConfig(_Section):
@@ -146,7 +167,7 @@ class TrainConfig(_Section):
     iterations: int = Field(30, ge=1, description="GRPO iterations (rollout + update)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW eps")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     clip_range: float = Field(1e-3, gt=0, description="PPO clip range epsilon_c")
@@ -163,6 +184,13 @@ class TrainConfig(_Section):
     fidelity_every: int = Field(0, ge=0, description="log cos(jagg, exact) per group every N iterations; 0 = off")
     max_consecutive_skips: int = Field(3, ge=1, description="non-finite updates skipped in a row before stopping")
     log_images_every: int = Field(10, ge=0, description="iterations between sample images logged; 0 = off")
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"both AdamW betas must lie in [0, 1), e.g. [0.9, 0.999]; got {list(v)}")
+        return v
 
 
 class JaggConfig(_Section):
@@ -202,6 +230,16 @@ class RunConfig(_Section):
     methods: list[str] = Field(default_factory=lambda: ["baseline", "jagg", "ablate"], description="methods run")
     seeds: list[int] = Field(default_factory=lambda: [0], description="training seeds")
 
+    @field_validator("methods", "seeds")
+    @classmethod
+    def _distinct(cls, v: list) -> list:
+        if not v:
+            raise ValueError("needs at least one entry")
+        twice = sorted({x for x in v if v.count(x) > 1}, key=str)
+        if twice:
+            raise ValueError(f"lists {twice[0]!r} twice; two runs of one name would overwrite each other")
+        return v
+
 
 class RewardConfig(_Section):
     weights: dict[str, float] = Field(
@@ -215,6 +253,14 @@ class RewardConfig(_Section):
         unknown = sorted(set(v) - set(KNOWN_REWARDS))
         if unknown:
             raise ValueError(f"unknown reward {unknown[0]!r}; use one of {', '.join(KNOWN_REWARDS)}")
+        return v
+
+    @field_validator("weights")
+    @classmethod
+    def _some_weight(cls, v: dict[str, float]) -> dict[str, float]:
+        if not any(w != 0 for w in v.values()):
+            raise ValueError("needs at least one reward with a non-zero weight (all-zero rewards give all-zero "
+                             "advantages: a run that never learns)")
         return v
 
 
@@ -243,6 +289,15 @@ class TrackingConfig(_Section):
     mlflow_uri: str = Field("sqlite:///mlflow.db", description="MLflow store; relative sqlite paths are repo-relative")
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
     retries: int = Field(5, ge=0, description="retries of a failed MLflow call (exponential backoff)")
+
+    @field_validator("experiment")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        try:
+            v.format(profile="p")
+        except (KeyError, IndexError, ValueError):
+            raise ValueError(f"{v!r} may hold only the placeholder {{profile}}") from None
+        return v
 
 
 class ResourcesConfig(_Section):
@@ -293,6 +348,12 @@ class Params(_Section):
         for name in self.run.methods:
             if name not in self.methods:
                 raise ValueError(f"run.methods names {name!r}, which is not defined under methods")
+        for name in self.resources.cuda_visible_devices:
+            if name not in self.methods:
+                raise ValueError(f"resources.cuda_visible_devices names {name!r}, which is not defined under methods")
+        if self.resources.machine_rank >= self.resources.num_machines:
+            raise ValueError(f"resources.machine_rank ({self.resources.machine_rank}) must be below num_machines "
+                             f"({self.resources.num_machines}); ranks count from 0")
         for name, m in self.methods.items():
             window = m.window or self.jagg.window
             anchors = m.anchors or self.jagg.anchors
@@ -368,6 +429,23 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
     return f"{source}: {loc} is invalid: {msg}{more}."
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.YAMLError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1})")
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def load_params(
     path: str | os.PathLike = "params.yaml",
     profile: str | None = None,
@@ -380,7 +458,7 @@ def load_params(
     path = Path(path)
     source = path.name
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
     except yaml.YAMLError as e:
@@ -391,6 +469,8 @@ def load_params(
     if not isinstance(profiles, dict):
         raise ParamsError(f"{source}: profiles must be a mapping of profile name -> overlay.")
     name = profile or os.environ.get("JAGG_PROFILE") or raw.get("profile") or "toy"
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ParamsError(f"profile name {name!r} must match [a-z0-9][a-z0-9_-]* (it names folders).")
     if name not in profiles and name != raw.get("profile", "toy"):
         raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
     overlay = profiles.get(name) or {}

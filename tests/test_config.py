@@ -102,3 +102,48 @@ def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
                     break
                 cur = cur[part]
     assert not missing
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ({"train.lr": float("inf")}, "train.lr"),
+    ({"train.max_grad_norm": float("inf")}, "train.max_grad_norm"),
+    ({"sample.noise_level": float("nan")}, "sample.noise_level"),
+    ({"reward.weights": {"toy_fidelity": float("nan")}}, "reward.weights"),
+    ({"reward.weights": {"toy_fidelity": 0.0}}, "non-zero weight"),
+    ({"reward.weights": {}}, "non-zero weight"),
+    ({"run.methods": ["jagg", "jagg"]}, "'jagg' twice"),
+    ({"run.methods": []}, "at least one"),
+    ({"run.seeds": [0, 0]}, "0 twice"),
+    ({"resources.cuda_visible_devices": {"jag": "0"}}, "'jag'"),
+    ({"resources.machine_rank": 2, "resources.num_machines": 2}, "machine_rank (2) must be below"),
+    ({"train.iterations": "5"}, "whole number"),
+    ({"train.iterations": True}, "not true/false"),
+    ({"train.lr": True}, "not true/false"),
+    ({"train.adam_betas": [1.5, -1]}, "betas"),
+    ({"tracking.experiment": "x-{bogus}"}, "{profile}"),
+])
+def test_bad_values_are_one_sentence_before_any_work(override, fragment):
+    with pytest.raises(ParamsError) as e:
+        load_params(REPO / "params.yaml", "toy", override)
+    msg = str(e.value)
+    assert fragment in msg and "\n" not in msg, msg
+
+
+def test_a_yaml_float_without_a_dot_still_reads():
+    assert load_params(REPO / "params.yaml", "toy", {"train.lr": "3e-4"}).train.lr == pytest.approx(3e-4)
+
+
+def test_duplicate_yaml_keys_and_unsafe_profile_names_are_refused(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("train:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ParamsError, match="appears twice"):
+        load_params(f)
+    with pytest.raises(ParamsError, match="profile name"):
+        load_params(REPO / "params.yaml", "../etc")
+
+
+def test_parallel_runs_must_be_positive(capsys):
+    from flows.run import main
+
+    assert main(["--parallel-runs", "0"]) == 1
+    assert "--parallel-runs 0 must be at least 1" in capsys.readouterr().err
