@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import UserError
+
 __all__ = [
     "KNOWN_BACKBONES",
     "KNOWN_REWARDS",
@@ -33,7 +35,7 @@ KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "t
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
-class ParamsError(ValueError):
+class ParamsError(UserError, ValueError):
     """An invalid configuration; the message is one sentence for the user."""
 
 

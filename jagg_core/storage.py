@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from .errors import UserError
+
 __all__ = [
     "PromptFileError",
     "atomic_write_bytes",
@@ -28,7 +30,7 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
-class PromptFileError(ValueError):
+class PromptFileError(UserError, ValueError):
     """A prompt file that cannot be read: missing, not UTF-8, malformed or empty. The message is for the user."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from .config import Params
+from .errors import UserError
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -24,7 +25,7 @@ T = TypeVar("T")
 _SECRET_WORDS = ("token", "secret", "password", "api_key", "apikey", "credential")
 
 
-class TrackingError(RuntimeError):
+class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used; the message is for the user."""
 
 

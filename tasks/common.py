@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from jagg_core.config import Params, ParamsError, load_params
+from jagg_core.errors import UserError
 from jagg_core.paths import Layout
 
 __all__ = [
@@ -30,21 +31,17 @@ __all__ = [
 ROOT = Path(os.environ.get("JAGG_ROOT", ".")).resolve()
 
 
-class ServiceError(RuntimeError):
+class ServiceError(UserError, RuntimeError):
     """A local service (Prefect server, worker, MLflow UI) could not be started or stopped."""
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    """The error types whose message is written for the user: printed as one sentence, no traceback."""
-    from jagg_core.storage import PromptFileError
-    from jagg_core.evaluation.evaluate import EvalError
-    from jagg_core.policies.base import PolicyError
-    from jagg_core.rewards.base import RewardError
-    from jagg_core.tracking import TrackingError
-    from jagg_core.trainer import CheckpointError, TrainingError
+    """The error types whose message is written for the user: printed as one sentence, no traceback.
 
-    return (ParamsError, PolicyError, RewardError, EvalError, TrainingError, CheckpointError, TrackingError,
-            ServiceError, FileNotFoundError, PromptFileError)
+    Every such error of the project derives from :class:`jagg_core.errors.UserError`, so no stage has to import the
+    whole project to recognise them (a stage's code dependencies stay its own).
+    """
+    return (UserError, FileNotFoundError)
 
 
 USER_ERRORS = _user_errors()

@@ -20,6 +20,7 @@ import torch
 
 from ..build import pick_device, policy_from_params
 from ..config import Params
+from ..errors import UserError
 from ..paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
@@ -31,7 +32,7 @@ from .benchmark import image_path, load_hps_benchmark, score_image_folder, score
 __all__ = ["EvalError", "test_prompts", "evaluate_run", "evaluate_step"]
 
 
-class EvalError(RuntimeError):
+class EvalError(UserError, RuntimeError):
     """Evaluation cannot run; the message is for the user."""
 
 

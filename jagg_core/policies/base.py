@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from ..errors import UserError
 from ..schedules import Schedule
 
 __all__ = [
@@ -27,7 +28,7 @@ __all__ = [
 ]
 
 
-class PolicyError(ValueError):
+class PolicyError(UserError, ValueError):
     """A policy that cannot be built: unknown backbone, missing or incomplete weights. The message is for the user."""
 
 

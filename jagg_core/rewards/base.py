@@ -15,6 +15,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
+from ..errors import UserError
+
 __all__ = [
     "RewardFn",
     "RewardError",
@@ -31,7 +33,7 @@ class RewardFn(Protocol):
     ) -> tuple[torch.Tensor, dict[str, Any]]: ...
 
 
-class RewardError(ValueError):
+class RewardError(UserError, ValueError):
     """A reward that cannot be built: unknown name, bad option, missing weights. The message is for the user."""
 
 

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from ..errors import UserError
 from ..faults import fault
 from ..storage import atomic_write_text, replace_dir
 
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^checkpoint-(\d{6})$")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """No usable checkpoint, or one that cannot be written; the message is for the user."""
 
 

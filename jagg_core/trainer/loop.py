@@ -20,6 +20,7 @@ import torch
 
 from ..advantages import group_advantages
 from ..config import Params, ResolvedMethod
+from ..errors import UserError
 from ..faults import fault
 from ..paths import Layout, run_name
 from ..build import pick_device, policy_from_params, reward_from_params
@@ -39,7 +40,7 @@ __all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainingError", "TrainResult", "train"]
 log = logging.getLogger(__name__)
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """Training cannot continue; the message is for the user."""
 
 

@@ -1,0 +1,104 @@
+"""dvc.yaml lists, for every stage, exactly the code its command imports (statically, lazy imports included).
+
+A stage whose deps miss a module it runs is never rerun when that module changes (the sampler, say); a dep it does
+not import reruns it for nothing. Sub-packages may be listed as folders.
+
+    python tests/test_dvc_deps.py     # print each stage's import closure as dvc.yaml deps
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+LOCAL = ("jagg_core", "tasks", "flows")
+
+
+def _module_file(module: str) -> Path | None:
+    p = REPO.joinpath(*module.split("."))
+    if (p / "__init__.py").is_file():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").is_file() else None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import submodule`
+    return {m for m in found if m.split(".")[0] in LOCAL}
+
+
+def import_closure(module: str) -> set[str]:
+    """Repository files that ``python -m module`` may execute: every local import, at any depth, with the
+    ``__init__.py`` of every package on the way."""
+    files: set[Path] = set()
+    todo, seen = [module], set()
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        parts = m.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            f = _module_file(name)
+            if f is not None and f not in files:
+                files.add(f)
+                todo.extend(_imports(f, name))
+    return {str(f.relative_to(REPO)) for f in files}
+
+
+def _stages() -> dict[str, tuple[str, list[str]]]:
+    """stage -> (the module its command runs, its code deps)."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    out = {}
+    for name, st in stages.items():
+        module = re.search(r"python -m ([\w.]+)", st["cmd"]).group(1)
+        code = [d for d in st["deps"] if d.split("/")[0] in LOCAL]
+        out[name] = (module, code)
+    return out
+
+
+def _covered(path: str, dep: str) -> bool:
+    return path == dep or path.startswith(dep.rstrip("/") + "/")
+
+
+@pytest.mark.parametrize("stage", sorted(_stages()))
+def test_stage_deps_are_the_code_its_command_imports(stage):
+    module, deps = _stages()[stage]
+    closure = import_closure(module)
+    missing = sorted(f for f in closure if not any(_covered(f, d) for d in deps))
+    unused = sorted(d for d in deps if not any(_covered(f, d) for f in closure))
+    assert not missing, f"{stage}: dvc.yaml misses code its command imports: {missing}"
+    assert not unused, f"{stage}: dvc.yaml lists code its command never imports: {unused}"
+
+
+def test_the_closure_follows_lazy_and_relative_imports():
+    closure = import_closure("tasks.train")
+    assert "jagg_core/sampling.py" in closure  # the rollout's sampler, through trainer/rollout.py
+    assert "jagg_core/trainer/loop.py" in closure  # imported inside worker()
+    assert "jagg_core/world/grammar.py" in closure  # the toy reward's parser, through rewards/toy.py
+    assert not any(f.startswith("flows/") for f in closure)
+
+
+if __name__ == "__main__":
+    for name, (module, _) in _stages().items():
+        files = sorted(import_closure(module))
+        packages = sorted({"/".join(f.split("/")[:2]) for f in files if f.count("/") >= 2})
+        flat = [f for f in files if f.count("/") < 2 and not f.endswith("__init__.py")]
+        print(f"{name}:\n  - " + "\n  - ".join(flat + packages + ["jagg_core/__init__.py"]))
