@@ -85,7 +85,9 @@ class Tracker:
         name = params.tracking.experiment.format(profile=params.profile)
         exp = self._call(lambda: self.client.get_experiment_by_name(name), "open the experiment")
         self.experiment_id = exp.experiment_id if exp else self._call(
-            lambda: self.client.create_experiment(name), "create the experiment"
+            # MLflow 3 opens an experiment without this tag in its GenAI view (traces); ours trains models.
+            lambda: self.client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"}),
+            "create the experiment",
         )
         self.experiment = name
 
@@ -117,7 +119,7 @@ class Tracker:
         if run_id is None:
             run = self._call(lambda: self.client.create_run(self.experiment_id, tags={
                 **tags, "mlflow.runName": f"{self.params.profile} sweep {sweep}",
-                "git_commit": git_commit(self.root)}), "create the sweep run")
+                **self._source_tags()}), "create the sweep run")
             run_id = run.info.run_id
         return run_id
 
@@ -129,7 +131,7 @@ class Tracker:
         run_id = self._find(tags)
         if run_id is None:
             all_tags = {**tags, "mlflow.parentRunId": parent, "mlflow.runName": run, "profile": self.params.profile,
-                        "git_commit": git_commit(self.root), **(extra_tags or {})}
+                        **self._source_tags(), **(extra_tags or {})}
             if method is not None:
                 all_tags["method"] = method
             if seed is not None:
@@ -141,6 +143,11 @@ class Tracker:
             for k, v in extra_tags.items():
                 self._call(lambda: self.client.set_tag(run_id, k, v), "tag a run")
         return run_id
+
+    def _source_tags(self) -> dict[str, str]:
+        """The commit under MLflow's own key (the UI shows it) and ours."""
+        commit = git_commit(self.root)
+        return {"git_commit": commit, "mlflow.source.git.commit": commit}
 
     def log_params(self, run_id: str, tree: Mapping[str, Any]) -> None:
         from mlflow.entities import Param

@@ -42,6 +42,7 @@ def evaluate(params: Params, lay: Layout, run: str) -> dict:
                 logger.log_image(image_grid(torch.stack(images), [p for _, _, p in prompts], ncols=4), "eval",
                                  point["step"])
     tracker.log_artifact(run_id, lay.eval_dir(run) / "metrics.json", "eval")
+    tracker.finish(run_id)  # the base model's run starts here; a method's run was its training run
     main = {k: v["benchmark"] for k, v in result["metrics"].items()}
     log.info("%s at step %d: %s", run, result["step"], ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
     return result

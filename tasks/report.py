@@ -23,9 +23,25 @@ def report(params: Params, lay: Layout) -> dict:
     tracker = Tracker(params, lay.root)
     parent = tracker.sweep_run(sweep_id())
     tracker.log_artifact(parent, lay.report_dir, "report")
+    tracker.logger(parent).log_metrics(_sweep_metrics(summary), 0)
+    tracker.finish(parent)  # the report is the sweep's last stage
     log.info("report: %s", lay.report_dir / "index.html")
     _prefect_artifact(lay)
     return summary
+
+
+def _sweep_metrics(summary: dict) -> dict[str, float]:
+    """The sweep's summary for its parent run: final metrics (mean over seeds) and speeds per method."""
+    out = {}
+    for row in summary["final"]:
+        for metric, value in row.items():
+            if isinstance(value, (list, tuple)) and value and value[0] == value[0]:
+                out[f"final/{row['method']}/{metric}"] = float(value[0])
+    for row in summary["speed"]:
+        for key in ("time/iteration", "time/update", "update_speedup", "ideal_update_speedup"):
+            if isinstance(row.get(key), float) and row[key] == row[key]:
+                out[f"speed/{row['method']}/{key.removeprefix('time/')}"] = row[key]
+    return out
 
 
 def _prefect_artifact(lay: Layout) -> None:

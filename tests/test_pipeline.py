@@ -139,7 +139,18 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
         r = runs[f"{method}-s0"]
         assert {"reward/mean", "time/iteration", "eval/toy_fidelity"} <= set(r["metrics"])
         assert r["tags"].get("prefect_flow_run_id")
+        assert r["tags"].get("mlflow.source.git.commit") == r["tags"].get("git_commit")
     assert (root / "reports/ci/index.html").exists()
+    # every run of the sweep ended (the base model's evaluation and the parent too), and the parent holds a summary
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("jagg-ci")
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
+    everything = client.search_runs([exp.experiment_id])
+    assert everything and {r.info.status for r in everything} == {"FINISHED"}
+    parent = next(r for r in everything if r.data.tags.get("jagg.kind") == "sweep")
+    assert {"final/baseline/toy_fidelity", "speed/jagg/update"} <= set(parent.data.metrics)
 
 
 @pytest.mark.parametrize(
