@@ -184,6 +184,8 @@ class TrainConfig(_Section):
     checkpoint_every: int = Field(10, ge=1, description="iterations between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept")
     fidelity_every: int = Field(0, ge=0, description="log cos(jagg, exact) per group every N iterations; 0 = off")
+    fidelity_batch: int = Field(8, ge=1, description="images of the rollout the fidelity monitor differentiates "
+                                "(3 gradients per group: keep it small, it is a monitor)")
     max_consecutive_skips: int = Field(3, ge=1, description="non-finite updates skipped in a row before stopping")
     log_images_every: int = Field(10, ge=0, description="iterations between sample images logged; 0 = off")
 

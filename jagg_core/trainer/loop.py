@@ -312,9 +312,11 @@ def _route(r: _Run, it: int, traj: Trajectory, advantages, rows, finite: bool, m
                         AUTO_FALLBACK_JAGG_FRAC)
             r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
         else:
-            rep = trajectory_fidelity(r.policy, traj, advantages, rows[: tcfg.micro_batch], window=method.window,
+            t0 = time.perf_counter()
+            rep = trajectory_fidelity(r.policy, traj, advantages, rows[: tcfg.fidelity_batch], window=method.window,
                                       anchors=method.anchors, variant=method.variant, sample=r.params.sample,
                                       train=tcfg, autocast=r.autocast)
+            metrics["time/fidelity"] = time.perf_counter() - t0
             for pos, cj, ca in zip(rep.positions, rep.cos_jagg, rep.cos_ablate):
                 metrics[f"jagg/cos_jagg/g{pos}"] = cj
                 metrics[f"jagg/cos_ablate/g{pos}"] = ca
