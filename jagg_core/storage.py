@@ -17,6 +17,8 @@ from typing import Sequence
 from .errors import UserError
 
 __all__ = [
+    "FolderLock",
+    "LockedError",
     "PromptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -32,6 +34,52 @@ os.umask(_UMASK)
 
 class PromptFileError(UserError, ValueError):
     """A prompt file that cannot be read: missing, not UTF-8, malformed or empty. The message is for the user."""
+
+
+class LockedError(UserError, RuntimeError):
+    """Another process holds the folder's lock; the message names it."""
+
+
+class FolderLock:
+    """An exclusive lock on a folder (``<folder>/.lock``, ``flock``): one writer per run.
+
+    The kernel releases the lock when its holder dies, so a stale lock file of a dead process is simply taken over;
+    the file records the holder's pid and host for the message the next writer gets.
+    """
+
+    def __init__(self, folder: str | os.PathLike, what: str):
+        self.path = Path(folder) / ".lock"
+        self.what = what
+        self._fd: int | None = None
+
+    def acquire(self) -> "FolderLock":
+        import fcntl
+        import socket
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise LockedError(f"{self.what} is already being written by {holder} (lock {self.path}); wait for it to "
+                              f"finish or stop it, then run again.") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> "FolderLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:

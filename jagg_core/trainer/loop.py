@@ -30,7 +30,7 @@ from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, sa
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
 from ..metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..storage import atomic_write_text, read_prompts
+from ..storage import FolderLock, atomic_write_text, read_prompts
 from .logging import TsvCurve
 from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
@@ -137,6 +137,18 @@ def train(
     over.
     """
     r = _setup(params, method_name, seed, Path(root).resolve(), accelerator, run_key)
+    # One writer per run: a second trainer of the same run (a retry beside an orphan, a duplicated method) stops here.
+    lock = FolderLock(r.layout.run_dir(r.name), f"training run {r.name}").acquire() if r.main else None
+    try:
+        return _train(r, logger, resume, progress)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -> TrainResult:
+    """The recipe: resume, then per iteration rollout → advantages → routing → optimizer steps → log → checkpoint."""
+    params = r.params
     start = _resume(r) if resume else 0
     curve = TsvCurve(r.layout.curve(r.name), resume_from=start)
     sink = MultiLogger([curve, logger or NullLogger()]) if r.main else NullLogger()
