@@ -21,11 +21,14 @@ _IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_ima
 
 def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:
     base_card = layout.base_model / "card.json"
+    ignored = set(_IGNORED_TRAIN)
+    if params.method(method).jagg_frac != "auto":  # the fidelity monitor only decides the routing under 'auto'
+        ignored.add("fidelity_batch")
     tree = {
         "model": params.model.model_dump(mode="json"),
         "base_model": hashlib.sha256(base_card.read_bytes()).hexdigest() if base_card.exists() else None,
         "sample": params.sample.model_dump(mode="json"),
-        "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in _IGNORED_TRAIN},
+        "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
         "method": params.method(method).model_dump(mode="json"),
         "reward": params.reward.model_dump(mode="json"),
         "prompts": _digest(layout.train_prompts),
