@@ -26,7 +26,7 @@ def evaluate(params: Params, lay: Layout, run: str) -> dict:
     tracker = Tracker(params, lay.root)
     run_id = tracker.child_run(sweep_id(), run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     logger = tracker.logger(run_id)
-    result = evaluate_run(params, lay, run, logger=logger)
+    result = evaluate_run(params, lay, run, logger=logger, report=log.info)
     # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
     n = params.eval.num_images_logged
     if n:

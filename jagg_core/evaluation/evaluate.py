@@ -14,7 +14,7 @@ import io
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -135,9 +135,13 @@ def evaluate_run(
     checkpoints: Sequence[Checkpoint] | None = None,
     logger: MetricLogger | None = None,
     progress: bool = False,
+    report: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every retained checkpoint of ``run`` (or the base model for ``run == "base"``) and write
-    ``<eval_dir>/metrics.json`` with the last step's summary and the curve over steps."""
+    ``<eval_dir>/metrics.json`` with the last step's summary and the curve over steps.
+
+    ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step.
+    """
     logger = logger or NullLogger()
     prompts = test_prompts(params, layout)
     eval_dir = layout.eval_dir(run)
@@ -162,6 +166,9 @@ def evaluate_run(
                             prompts=prompts, policy=policy, progress=progress)
         flat = _flat(res["metrics"])
         logger.log_metrics(flat, step)
+        if report is not None:
+            report(f"evaluate {run}: step {step} ({len(curve) + 1}/{len(steps)}): " +
+                   ", ".join(f"{m} {s['benchmark']:.4f}" for m, s in res["metrics"].items()))
         curve.append({"step": step, **flat})
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
