@@ -185,6 +185,7 @@ def _plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
             ys = [m for _, (m, _, _) in pts]
             es = [s for _, (_, s, _) in pts]
             ax.errorbar(xs, ys, yerr=es, marker="o", color=colour, capsize=3, label=f"cos({kind}, exact)")
+    ax.set_xticks(sorted({g for kind in ("jagg", "ablate") for g in fid[kind]}))
     ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"threshold {threshold}")
     ax.set_xlabel("group position along the trajectory (0 = highest noise)")
     ax.set_ylabel("cosine to the exact gradient")
@@ -272,7 +273,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     speed = speed_table(params, runs)
 
     figures = {}
-    train_key = f"{metrics[0]}/mean"
+    train_key = f"reward/{metrics[0]}/mean"
     for key, title, name in [("reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
                                "reward.png"),
                               (train_key, f"training prompts: {metrics[0]} of the rollouts (4-iteration mean)",
