@@ -1,7 +1,9 @@
 """jagg_core: GRPO for flow-matching text-to-image transformers with Jacobian-Aggregated Group Gradients.
 
 The algorithm (this namespace) needs torch alone. Policies, rewards, the trainer and evaluation live in subpackages
-that are imported explicitly (``jagg_core.policies``, ``jagg_core.rewards``, ...).
+that are imported explicitly (``jagg_core.policies``, ``jagg_core.rewards``, ...). Shared by all of them and by the
+orchestration layers: ``storage`` (atomic writes, the folder swap and lock, prompt files), ``cost`` (the update's
+cost model), ``metric_logger`` (the logging interface) and ``errors`` (the base of every user-facing error).
 """
 
 from .advantages import group_advantages

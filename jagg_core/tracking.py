@@ -171,7 +171,7 @@ class Tracker:
 
 
 class MlflowLogger:
-    """The trainer's :class:`~jagg_core.trainer.logging.MetricLogger` bound to one MLflow run."""
+    """A :class:`~jagg_core.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow run."""
 
     def __init__(self, tracker: Tracker, run_id: str):
         self.tracker = tracker
