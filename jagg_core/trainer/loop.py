@@ -19,18 +19,18 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import group_advantages
+from ..build import pick_device, policy_from_params, reward_from_params
 from ..config import Params, ResolvedMethod
 from ..errors import UserError
 from ..faults import fault
+from ..metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..paths import Layout, run_name
-from ..build import pick_device, policy_from_params, reward_from_params
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
+from ..storage import FolderLock, atomic_write_text, read_prompts
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
-from ..metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..storage import FolderLock, atomic_write_text, read_prompts
 from .logging import TsvCurve
 from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
