@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 REFERENCE = Path(__file__).parent / "data" / "trainer_reference.json"
 METHODS = ("baseline", "jagg", "ablate")
@@ -24,7 +25,7 @@ def _weights_digest(tensors) -> str:
     h = hashlib.sha256()
     for name in sorted(tensors):
         h.update(name.encode())
-        h.update(tensors[name].contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
+        h.update(tensors[name].contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

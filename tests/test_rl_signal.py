@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[1]
 JPEG = {"reward.weights": {"jpeg_compressibility": 1.0}}
 # The toy's own sampling (Flow-GRPO-Fast: SDE on the first 8 of 12 steps) on 8 prompts x 8 images.
 TOY_SAMPLING = {"sample.num_steps": 12, "sample.recipe": "flow_grpo_fast", "sample.sde_window_size": 8,
