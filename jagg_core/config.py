@@ -70,7 +70,8 @@ class _Section(BaseModel):
             types = set(get_args(field.annotation) or (field.annotation,))
             if isinstance(value, bool) and types & {int, float} and bool not in types:
                 raise ValueError(f"{name} = {value!r} must be a number, not true/false")
-            if isinstance(value, str) and int in types and float not in types and str not in types:
+            if (isinstance(value, str) and int in types and float not in types and str not in types
+                    and re.fullmatch(r"\s*[+-]?\d+\s*", value)):
                 raise ValueError(f"{name} = {value!r} must be a whole number, not a quoted string")
         return data
 

@@ -122,10 +122,22 @@ def _analyse(cells: list[dict], prim: dict, steps: int) -> None:
 
 
 def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], None] | None = None) -> dict:
-    """The whole benchmark of one model (see the module docstring); nothing is written."""
+    """The whole benchmark of one model (see the module docstring); nothing is written.
+
+    Runs with ``cfg.threads`` torch threads and gives the caller's thread count back afterwards (a process-wide
+    setting: a caller that trains next must not inherit it).
+    """
     cfg.validate()
-    say = progress or (lambda msg: None)
+    threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
+    try:
+        return _run_bench(spec, cfg, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None] | None) -> dict:
+    say = progress or (lambda msg: None)
     torch.manual_seed(cfg.seed)
     created = _dt.datetime.now().astimezone()
 
