@@ -124,12 +124,11 @@ def pretrain_toy(
     if bar is not None:
         bar.close()
     wall = time.perf_counter() - t_start
-    steps_done = cfg.steps
     card = {
         "backbone": "toy-flux",
-        "steps": steps_done,
+        "steps": cfg.steps,
         "batch_size": cfg.batch_size,
-        "images_seen": steps_done * cfg.batch_size,
+        "images_seen": cfg.steps * cfg.batch_size,
         "caption_noise": cfg.caption_noise,
         "seed": cfg.seed,
         "final_loss": float(np.mean(losses[-50:])),

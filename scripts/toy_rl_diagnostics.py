@@ -50,7 +50,7 @@ def _setup(overrides):
 def _rollout(params, policy, prompts, reward_fn, ids, seed, iteration):
     traj = rollout(policy, [prompts[i] for i in ids], list(range(len(ids))), params.sample, seed=seed,
                    iteration=iteration)
-    texts = [traj.prompts[int(i)] for i in traj.prompt_index]
+    texts = traj.image_prompts()
     rewards, info = reward_fn(traj.images, texts, [{} for _ in texts])
     adv = group_advantages(rewards, traj.group_ids, eps=params.train.adv_eps, clip=params.train.adv_clip,
                            global_std=params.train.global_std)
@@ -157,7 +157,7 @@ def step(args) -> dict:
         out: dict[str, list[float]] = {}
         for it in (11, 12):
             traj = _rollout(params, policy, prompts, reward_fn, idset, 7, it)[0]
-            texts = [traj.prompts[int(i)] for i in traj.prompt_index]
+            texts = traj.image_prompts()
             for name, fn in judges.items():
                 r, info = fn(traj.images, texts, [{} for _ in texts])
                 out.setdefault(name, []).append(float(r.mean()))

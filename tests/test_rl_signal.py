@@ -61,7 +61,7 @@ def _rollout(params, policy, prompts, reward_fn, seed, iteration):
     from jagg_core.trainer.rollout import rollout
 
     traj = rollout(policy, prompts, list(range(len(prompts))), params.sample, seed=seed, iteration=iteration)
-    texts = [traj.prompts[int(i)] for i in traj.prompt_index]
+    texts = traj.image_prompts()
     rewards, _ = reward_fn(traj.images, texts, [{} for _ in texts])
     adv = group_advantages(rewards, traj.group_ids, eps=params.train.adv_eps, clip=params.train.adv_clip,
                            global_std=params.train.global_std)

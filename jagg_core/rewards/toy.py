@@ -130,11 +130,7 @@ def toy_fidelity(
         w_precision: weight of the precision term (no unrequested objects); ``1 − w_background − w_precision``
             goes to the objects themselves.
     """
-    if not 0 <= tau_full < tau <= 127:
-        raise RewardError(
-            f"toy_fidelity: need 0 <= tau_full < tau <= 127 RGB units (127 is the palette's spacing), "
-            f"got tau_full={tau_full!r} and tau={tau!r}."
-        )
+    _check_tau("toy_fidelity", tau, tau_full)
     if not (0 <= w_background and 0 <= w_precision and w_background + w_precision <= 1):
         raise RewardError(
             f"toy_fidelity: w_background and w_precision must be non-negative with a sum of at most 1, "
@@ -153,6 +149,14 @@ def toy_fidelity(
     return fn
 
 
+def _check_tau(name: str, tau: float, tau_full: float) -> None:
+    if not 0 <= tau_full < tau <= 127:
+        raise RewardError(
+            f"{name}: need 0 <= tau_full < tau <= 127 RGB units (127 is the palette's spacing), "
+            f"got tau_full={tau_full!r} and tau={tau!r}."
+        )
+
+
 def _pixels(images: torch.Tensor) -> np.ndarray:
     """(B, 3, H, W) in [0, 1] -> (B, H, W, 3) float64 in [0, 255]."""
     if images.ndim != 4 or images.shape[1] != 3:
@@ -163,9 +167,7 @@ def _pixels(images: torch.Tensor) -> np.ndarray:
 
 def _component_reward(component: str, doc: str):
     def factory(tau: float = TAU, tau_full: float = TAU_FULL) -> RewardFn:
-        if not 0 <= tau_full < tau <= 127:
-            raise RewardError(f"toy_{component}: need 0 <= tau_full < tau <= 127 RGB units, got tau_full={tau_full!r} "
-                              f"and tau={tau!r}.")
+        _check_tau(f"toy_{component}", tau, tau_full)
 
         def fn(images, prompts, metadata):
             return torch.from_numpy(fidelity_components(_pixels(images), prompts, tau, tau_full)[component]).float(), {}

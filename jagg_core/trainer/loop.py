@@ -138,12 +138,8 @@ def train(
     """
     r = _setup(params, method_name, seed, Path(root).resolve(), accelerator, run_key)
     # One writer per run: a second trainer of the same run (a retry beside an orphan, a duplicated method) stops here.
-    lock = FolderLock(r.layout.run_dir(r.name), f"training run {r.name}").acquire() if r.main else None
-    try:
+    with FolderLock(r.layout.run_dir(r.name), f"training run {r.name}") if r.main else contextlib.nullcontext():
         return _train(r, logger, resume, progress)
-    finally:
-        if lock is not None:
-            lock.release()
 
 
 def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -> TrainResult:
@@ -171,7 +167,7 @@ def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -
         consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
         if r.main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
             k = min(8, traj.batch_size)
-            captions = [traj.prompts[int(i)] for i in traj.prompt_index[:k]]
+            captions = traj.image_prompts()[:k]
             sink.log_image(image_grid(traj.images[:k], captions, ncols=4), "rollout", step)
         history.append({"iteration": step, **metrics})
         meter.update(step, metrics)
@@ -283,7 +279,7 @@ def _advantages(r: _Run, traj: Trajectory, step: int, metrics: dict[str, float])
     """Rewards, their statistics, and group advantages; returns (advantages, rows to train, all finite)."""
     acc, tcfg = r.accelerator, r.params.train
     t0 = time.perf_counter()
-    prompts_b = [traj.prompts[int(i)] for i in traj.prompt_index]
+    prompts_b = traj.image_prompts()
     rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
     if fault("reward", step) == "nan":
         rewards = rewards.clone()

@@ -45,6 +45,10 @@ class Trajectory:
     def batch_size(self) -> int:
         return int(self.latents.shape[0])
 
+    def image_prompts(self) -> list[str]:
+        """(B,) the prompt of each image (what the rewards score it against)."""
+        return [self.prompts[int(i)] for i in self.prompt_index]
+
     def image_embeds(self, index: torch.Tensor | Sequence[int]) -> PromptEmbeds:
         return self.embeds[self.prompt_index[torch.as_tensor(index, dtype=torch.long)]]
 
