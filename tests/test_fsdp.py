@@ -25,7 +25,7 @@ def _flat_grads(policy) -> torch.Tensor:
 
 
 def _worker(rank: int, folder: str, variant_name: str) -> None:
-    from jagg_core.bench import build_policy, make_experience, model_spec, variant
+    from jagg_core.bench import bench_method, build_policy, make_experience, model_spec
     from jagg_core.bench.models import run_update, update_groups, zero_grads
     from jagg_core.trainer.distributed import Fsdp2Sync, shard_transformer
 
@@ -37,22 +37,22 @@ def _worker(rank: int, folder: str, variant_name: str) -> None:
         spec = model_spec("toy", params, device="cpu")
         policy = build_policy(spec)
         exp = make_experience(policy, spec, steps=8, batch=4, seed=3)
-        v = variant(variant_name)
-        groups = update_groups(exp, v, 4, 1.0)
+        m = bench_method(variant_name, 4)
+        groups = update_groups(exp, m)
         halves = [torch.tensor([0, 1]), torch.tensor([2, 3])]
         # The unsharded reference: the mean of the two halves' gradients (what data parallelism must produce).
         ref = []
         for half in halves:
             zero_grads(policy)
             exp.rows = half
-            run_update(policy, exp, v, groups, 4)
+            run_update(policy, exp, m, groups)
             ref.append(_flat_grads(policy))
         reference = (ref[0] + ref[1]) / 2
         # The same update sharded: each rank its half, gradient sync (reduce-scatter, averaged) in the last backward.
         zero_grads(policy)
         shard_transformer(policy.transformer)
         exp.rows = halves[rank]
-        stats = run_update(policy, exp, v, groups, 4, sync=Fsdp2Sync(policy.transformer))
+        stats = run_update(policy, exp, m, groups, sync=Fsdp2Sync(policy.transformer))
         sharded = _flat_grads(policy)
         if rank == 0:
             err = float((sharded - reference).norm() / reference.norm())

@@ -9,8 +9,8 @@
 """
 
 from .markdown import render_markdown, write_markdown
-from .models import (BUILTIN_MODELS, BenchError, ModelSpec, Variant, build_policy, make_experience, model_spec,
-                     profile_spec, variant)
+from .models import (BENCH_METHODS, BUILTIN_MODELS, BenchError, ModelSpec, bench_method, build_policy, make_experience,
+                     model_spec, profile_spec)
 from .run import BenchConfig, machine_info, run_bench, save_result
 
 __all__ = [
@@ -18,7 +18,8 @@ __all__ = [
     "BenchConfig",
     "BenchError",
     "ModelSpec",
-    "Variant",
+    "BENCH_METHODS",
+    "bench_method",
     "build_policy",
     "machine_info",
     "make_experience",
@@ -27,6 +28,5 @@ __all__ = [
     "render_markdown",
     "run_bench",
     "save_result",
-    "variant",
     "write_markdown",
 ]

@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .models import ModelSpec, build_policy, make_experience, run_update, update_groups, variant, zero_grads
+from .models import ModelSpec, bench_method, build_policy, fits, make_experience, run_update, update_groups, zero_grads
 
 __all__ = ["CollectiveCounter", "measure_comm", "ALLREDUCE_VARIANTS", "FSDP_VARIANTS"]
 
@@ -101,15 +101,15 @@ def _worker(rank: int, job: dict, folder: str) -> None:
         all_reduce = []
         for w in job["windows"]:
             for name in ALLREDUCE_VARIANTS:
-                v = variant(name)
-                if not v.fits(w):
+                if not fits(name, w):
                     continue
-                groups = update_groups(exp, v, w, 1.0)
+                m = bench_method(name, w)
+                groups = update_groups(exp, m)
                 sync = AllReduceSync(world_size=2)
                 zero_grads(policy)
                 sync.start_step()
                 with counter:
-                    stats = run_update(policy, exp, v, groups, w, sync=sync)
+                    stats = run_update(policy, exp, m, groups, sync=sync)
                     sync.reduce(params)
                 all_reduce.append({
                     "window": w, "variant": name, "groups": len(groups), "backward_calls": stats.backward_calls,
@@ -126,11 +126,11 @@ def _worker(rank: int, job: dict, folder: str) -> None:
         fsdp = []
         for w in job["windows"]:
             for name in FSDP_VARIANTS:
-                v = variant(name)
-                groups = update_groups(exp, v, w, 1.0)
+                m = bench_method(name, w)
+                groups = update_groups(exp, m)
                 zero_grads(policy)
                 with counter:
-                    stats = run_update(policy, exp, v, groups, w, sync=sync)
+                    stats = run_update(policy, exp, m, groups, sync=sync)
                 during = counter.count("all_gather", "backward")
                 fsdp.append({
                     "window": w, "variant": name, "groups": len(groups), "backward_calls": stats.backward_calls,

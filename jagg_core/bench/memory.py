@@ -20,7 +20,8 @@ from typing import Sequence
 
 import torch
 
-from .models import BenchError, ModelSpec, build_policy, make_experience, run_update, update_groups, variant, zero_grads
+from .models import (BenchError, ModelSpec, bench_method, build_policy, make_experience, run_update, update_groups,
+                     zero_grads)
 
 __all__ = ["probe", "measure_memory", "MARK"]
 
@@ -49,10 +50,10 @@ def probe(job: dict) -> dict:
     """Run in the probe process: setup, reset the peak, the update twice, the peak over setup in MiB."""
     torch.set_num_threads(job["threads"])
     spec = ModelSpec.from_json(job["spec"])
-    v = variant(job["variant"])
+    m = bench_method(job["variant"], job["window"])
     policy = build_policy(spec)
     exp = make_experience(policy, spec, steps=job["steps"], batch=job["batch"], seed=job["seed"])
-    groups = update_groups(exp, v, job["window"], 1.0)
+    groups = update_groups(exp, m)
     gc.collect()
     cuda = policy.device.type == "cuda"
     if cuda:
@@ -63,13 +64,13 @@ def probe(job: dict) -> dict:
     reset = setup is not None and _reset_peak_rss()
     for _ in range(2):
         zero_grads(policy)
-        stats = run_update(policy, exp, v, groups, job["window"])
+        stats = run_update(policy, exp, m, groups)
     if reset:
         peak, how = _status_mb("VmHWM"), "VmHWM reset after setup"
     else:
         setup = setup or 0.0
         peak, how = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "ru_maxrss"
-    out = {"variant": v.name, "window": job["window"], "setup_rss_mb": setup, "peak_rss_mb": peak,
+    out = {"variant": m.name, "window": job["window"], "setup_rss_mb": setup, "peak_rss_mb": peak,
            "update_peak_mb": peak - setup, "method": how, "backward_calls": stats.backward_calls}
     if cuda:
         torch.cuda.synchronize(policy.device)

@@ -28,8 +28,9 @@ __all__ = [
     "BenchError",
     "ModelSpec",
     "Experience",
-    "Variant",
-    "variant",
+    "BENCH_METHODS",
+    "bench_method",
+    "fits",
     "model_spec",
     "profile_spec",
     "build_policy",
@@ -158,56 +159,52 @@ def make_experience(policy: Policy, spec: ModelSpec, *, steps: int, batch: int, 
     return Experience(traj, advantages, torch.arange(batch), sample, train)
 
 
-@dataclass(frozen=True)
-class Variant:
-    """A way to run the update: the trainer's (mode, variant, anchors, reuse_rollout_velocity)."""
-
-    name: str
-    mode: str  # "exact" | "jagg" | "ablate"
-    variant: str = "joint"  # "joint" | "sequential"
-    anchors: int = 2  # K
-    reuse: bool = False  # middle velocities from the rollout (middle_velocity)
-
-    def fits(self, window: int) -> bool:
-        """False where the variant cannot run, or would repeat another's work exactly (W = 2 has no middle steps,
-        so ablate and reuse do what jagg-joint does)."""
-        if self.mode == "exact":
-            return True
-        if window == 2 and (self.mode == "ablate" or self.reuse):
-            return False
-        return self.anchors <= window
+# The bench's named ways to run the update, as the trainer's own method settings (``ResolvedMethod``): one vocabulary
+# for the trainer, the bench and the report. ``jagg-k<K>`` is K-anchor JAGG (joint).
+BENCH_METHODS: dict[str, dict] = {
+    "exact": {"mode": "exact"},
+    "jagg-joint": {"mode": "jagg"},
+    "jagg-sequential": {"mode": "jagg", "variant": "sequential"},
+    "ablate": {"mode": "ablate"},
+    "jagg-reuse": {"mode": "jagg", "reuse_rollout_velocity": True},
+}
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("exact", "exact"),
-    Variant("jagg-joint", "jagg"),
-    Variant("jagg-sequential", "jagg", "sequential"),
-    Variant("ablate", "ablate"),
-    Variant("jagg-reuse", "jagg", reuse=True),
-)}
-
-
-def variant(name: str) -> Variant:
-    """A registered variant, or ``jagg-k<K>``: K-anchor JAGG (joint)."""
-    if name in VARIANTS:
-        return VARIANTS[name]
+def _settings(name: str) -> dict:
+    if name in BENCH_METHODS:
+        return {"variant": "joint", "anchors": 2, "reuse_rollout_velocity": False, **BENCH_METHODS[name]}
     if name.startswith("jagg-k") and name[6:].isdigit() and int(name[6:]) >= 2:
-        return Variant(name, "jagg", anchors=int(name[6:]))
-    raise BenchError(f"unknown variant {name!r}; use one of {', '.join(VARIANTS)} or jagg-k<K>.")
+        return {"mode": "jagg", "variant": "joint", "anchors": int(name[6:]), "reuse_rollout_velocity": False}
+    raise BenchError(f"unknown variant {name!r}; use one of {', '.join(BENCH_METHODS)} or jagg-k<K>.")
 
 
-def update_groups(exp: Experience, v: Variant, window: int, jagg_frac: float) -> list[Group]:
+def bench_method(name: str, window: int, jagg_frac: float = 1.0) -> ResolvedMethod:
+    """The named method at window ``window`` (every group routed by default; middle velocities recomputed unless the
+    name says reuse)."""
+    return ResolvedMethod(name=name, window=window, jagg_frac=jagg_frac, **_settings(name))
+
+
+def fits(name: str, window: int) -> bool:
+    """False where the named method cannot run at ``window``, or would repeat another's work exactly (W = 2 has no
+    middle steps, so ablate and reuse do what jagg-joint does)."""
+    s = _settings(name)
+    if s["mode"] == "exact":
+        return True
+    if window == 2 and (s["mode"] == "ablate" or s["reuse_rollout_velocity"]):
+        return False
+    return s["anchors"] <= window
+
+
+def update_groups(exp: Experience, method: ResolvedMethod) -> list[Group]:
     """The trainer's routing of the trained steps (``plan_groups``; every group kept)."""
-    return plan_groups(exp.traj.train_steps, window, jagg_frac, mode=v.mode)
+    return plan_groups(exp.traj.train_steps, method.window, float(method.jagg_frac), mode=method.mode)
 
 
-def run_update(policy: Policy, exp: Experience, v: Variant, groups: list[Group], window: int, *,
+def run_update(policy: Policy, exp: Experience, method: ResolvedMethod, groups: list[Group], *,
                sync: GradSync | None = None) -> UpdateStats:
     """Forward + backward of ``groups`` over the micro-batch: the trainer's ``accumulate_gradients``."""
-    method = ResolvedMethod(name=v.name, mode=v.mode, window=window, variant=v.variant, anchors=v.anchors,
-                            reuse_rollout_velocity=v.reuse)
     return accumulate_gradients(policy, exp.traj, exp.advantages, exp.rows, groups, method, sample=exp.sample,
-                                train=exp.train, sync=sync or NoSync(), reuse=v.reuse,
+                                train=exp.train, sync=sync or NoSync(), reuse=method.reuse_rollout_velocity,
                                 autocast=contextlib.nullcontext)
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .models import BenchError, ModelSpec, build_policy, make_experience, variant
+from .models import BenchError, ModelSpec, bench_method, build_policy, fits, make_experience
 from .timing import fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup, time_cells
 
 __all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VARIANTS", "SCHEMA"]
@@ -111,11 +111,11 @@ def _analyse(cells: list[dict], prim: dict, steps: int) -> None:
     exact = next(c for c in cells if c["mode"] == "exact")
     f0, f, b = (prim[k]["median"] for k in ("forward_nograd", "forward_grad", "backward"))
     for c in cells:
-        v = variant(c["variant"])
+        m = bench_method(c["variant"], c["window"])
         c["speedup"] = exact["time"]["median"] / c["time"]["median"]
-        c["ideal_speedup"] = steps * (f + b) / ideal_cost(c["per_group"], v, f0=f0, f=f, b=b)
+        c["ideal_speedup"] = steps * (f + b) / ideal_cost(c["per_group"], m, f0=f0, f=f, b=b)
         c["measured_over_ideal"] = c["speedup"] / c["ideal_speedup"]
-        c["textbook_speedup"] = textbook_speedup(c["per_group"], v)
+        c["textbook_speedup"] = textbook_speedup(c["per_group"], m)
         routed = [g for g in c["per_group"] if g["mode"] == c["mode"]]
         c["counts_per_group"] = ({k: x for k, x in routed[0].items() if k not in ("position", "mode")} if routed
                                  else None)
@@ -173,7 +173,7 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
         from .memory import measure_memory
 
         names = [n for n in (*MEMORY_VARIANTS, *(f"jagg-k{k}" for k in cfg.anchors if k > 2))
-                 if variant(n).fits(w_max)]
+                 if fits(n, w_max)]
         say(f"{spec.name}: peak memory, one process per variant ({len(names)})")
         rows = measure_memory(spec, names, window=w_max, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
                               threads=cfg.threads)

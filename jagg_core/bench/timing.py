@@ -19,11 +19,12 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..config import ResolvedMethod
 from ..jagg import Group
-from ..policies.base import Policy
 from ..cost import update_cost
+from ..policies.base import Policy
 from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
-from .models import Experience, Variant, run_update, update_groups, variant, zero_grads
+from .models import Experience, bench_method, fits, run_update, update_groups, zero_grads
 
 __all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "textbook_speedup", "fidelity_by_anchors",
            "COUNT_KEYS"]
@@ -52,7 +53,7 @@ def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence
     for w in windows:
         extra = [f"jagg-k{k}" for k in anchors if k > 2] if w == w_max else []
         for frac in fracs:
-            cells += [Cell(n, w, frac) for n in names + extra if variant(n).fits(w)]
+            cells += [Cell(n, w, frac) for n in names + extra if fits(n, w)]
     return cells
 
 
@@ -103,22 +104,22 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
     step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
     velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample, train=exp.train,
                              scale=1.0, autocast=contextlib.nullcontext).velocity
-    plans: dict[str, tuple[Variant, list[Group]]] = {}
+    plans: dict[str, tuple[ResolvedMethod, list[Group]]] = {}
     results: dict[str, dict] = {}
 
     # Warm-up: each group once on its own, which also gives the per-group counts from GroupStats.
     _primitives_once(policy, velocity)
     for i, cell in enumerate(cells):
-        v = variant(cell.variant)
-        groups = update_groups(exp, v, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
-        plans[cell.key] = (v, groups)
+        m = bench_method(cell.variant, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
+        groups = update_groups(exp, m)
+        plans[cell.key] = (m, groups)
         per_group = []
         for g in groups:
             zero_grads(policy)
             per_group.append({"position": g.position, "mode": g.mode, "steps": len(g.steps),
-                              **_counts(run_update(policy, exp, v, [g], cell.window))})
-        results[cell.key] = {"key": cell.key, "variant": cell.variant, "mode": v.mode, "kind": v.variant,
-                             "anchors": v.anchors, "reuse": v.reuse, "window": cell.window,
+                              **_counts(run_update(policy, exp, m, [g]))})
+        results[cell.key] = {"key": cell.key, "variant": cell.variant, "mode": m.mode, "kind": m.variant,
+                             "anchors": m.anchors, "reuse": m.reuse_rollout_velocity, "window": cell.window,
                              "jagg_frac": cell.jagg_frac, "per_group": per_group, "samples": [],
                              "backward_seconds": []}
         if progress:
@@ -135,10 +136,10 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
                 for name, x in zip(prim, _primitives_once(policy, velocity)):
                     prim[name].append(x)
                 continue
-            v, groups = plans[key]
+            m, groups = plans[key]
             zero_grads(policy)
             t0 = _clock(dev)
-            stats = run_update(policy, exp, v, groups, results[key]["window"])
+            stats = run_update(policy, exp, m, groups)
             results[key]["samples"].append(_clock(dev) - t0)
             results[key]["backward_seconds"].append(stats.backward_seconds)
             results[key]["totals"] = _counts(stats)
@@ -154,22 +155,22 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
     return out, {k: summarize(x) for k, x in prim.items()}
 
 
-def ideal_cost(per_group: Sequence[dict], v: Variant, *, f0: float, f: float, b: float) -> float:
+def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, f: float, b: float) -> float:
     """The cost model's update time of these groups: exact ``W(f + b)``; K anchors ``(W − K) f0 + K (f + b)``, the
     middle forwards dropped with reuse."""
     total = 0.0
     for g in per_group:
         w = g["steps"]
-        k = w if g["mode"] == "exact" else min(v.anchors, w)
-        nograd = 0 if g["mode"] == "exact" or v.reuse else w - k
+        k = w if g["mode"] == "exact" else min(method.anchors, w)
+        nograd = 0 if g["mode"] == "exact" or method.reuse_rollout_velocity else w - k
         total += update_cost(grad_forwards=k, nograd_forwards=nograd, f0=f0, f=f, b=b)
     return total
 
 
-def textbook_speedup(per_group: Sequence[dict], v: Variant) -> float:
+def textbook_speedup(per_group: Sequence[dict], method: ResolvedMethod) -> float:
     """The cost model with forward = 1, backward = 2: 3W/(W + 4) per JAGG group, W/2 with reuse."""
     steps = sum(g["steps"] for g in per_group)
-    return 3 * steps / ideal_cost(per_group, v, f0=1.0, f=1.0, b=2.0)
+    return 3 * steps / ideal_cost(per_group, method, f0=1.0, f=1.0, b=2.0)
 
 
 def fidelity_by_anchors(policy: Policy, exp: Experience, window: int, anchors: Sequence[int]) -> dict:
