@@ -7,6 +7,7 @@ file the process writes), and a folder is replaced so that a complete copy is in
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,8 @@ from .errors import UserError
 
 __all__ = [
     "FolderLock",
+    "base_model_digest",
+    "folder_digest",
     "LockedError",
     "PromptFileError",
     "atomic_write_bytes",
@@ -170,3 +173,38 @@ def read_prompt_list(path: str | os.PathLike) -> list[str]:
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise PromptFileError(f"{path} must hold a non-empty JSON list of prompt strings.")
     return prompts
+
+
+# Weight files up to this size in all are hashed by content; a larger folder (a real model of tens of GB) by each
+# file's name, size and modification time, which a replaced or re-downloaded file changes as well.
+CONTENT_DIGEST_LIMIT = 1 << 30
+
+
+def folder_digest(folder: str | os.PathLike, *, content_limit: int = CONTENT_DIGEST_LIMIT) -> str:
+    """A digest of a model folder's weights and configs (``*.safetensors``, ``*.bin``, ``*.json``): what a run
+    trained from, so that a replaced or damaged base model is noticed (16 hex digits). A pretraining card (its wall
+    time) is not part of it."""
+    folder = Path(folder)
+    files = sorted(p for p in folder.rglob("*")
+                   if p.is_file() and p.suffix in (".safetensors", ".bin", ".json") and p.name != "card.json")
+    by_content = sum(p.stat().st_size for p in files) <= content_limit
+    h = hashlib.sha256(b"content" if by_content else b"stat")
+    for p in files:
+        st = p.stat()
+        h.update(str(p.relative_to(folder)).encode() + b"\0")
+        if by_content:
+            with open(p, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        else:
+            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:16]
+
+
+def base_model_digest(base_model: str | os.PathLike, model_path: str | None = None) -> str | None:
+    """The digest of the model a profile starts from: its own pretrained base (the toy), else ``model.path`` where it
+    is a local folder; None for a hub id (resolved from the HF cache; ``model.path`` itself names it)."""
+    for folder in (Path(base_model), Path(model_path) if model_path else None):
+        if folder is not None and folder.is_dir():
+            return folder_digest(folder)
+    return None

@@ -26,7 +26,7 @@ from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed
-from ..storage import atomic_write_bytes, atomic_write_text
+from ..storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import image_path, load_hps_benchmark, score_image_folder, score_records, summarize_scores
 
 __all__ = ["EvalError", "test_prompts", "evaluate_run", "evaluate_step"]
@@ -84,8 +84,11 @@ def evaluate_step(
     ev = params.eval
     out_dir.mkdir(parents=True, exist_ok=True)
     images_dir = out_dir / "images"
-    generation = {"weights": _digest(weights), "num_steps": ev.num_steps, "seed": ev.seed,
-                  "backbone": params.model.backbone, "path": params.model.path}
+    # Everything the images depend on: the checkpoint, the base model's weights, the model options, the sampler and
+    # the prompts. Any change regenerates them.
+    generation = {"weights": _digest(weights), "base_model": base_model_digest(layout.base_model, params.model.path),
+                  "model": params.model.model_dump(mode="json"), "num_steps": ev.num_steps, "seed": ev.seed,
+                  "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]}
     marker = out_dir / "generation.json"
     if marker.exists() and json.loads(marker.read_text()) != generation:
         shutil.rmtree(images_dir, ignore_errors=True)  # images of another checkpoint or sampler: start over

@@ -1,7 +1,8 @@
 """A run's fingerprint: a digest of everything that determines its training (not how long or how it is logged).
 
 A checkpoint records the fingerprint of the run that wrote it. Resuming requires the same fingerprint, so raising
-``train.iterations`` continues a finished run, while changing e.g. ``train.lr`` or the base model starts it over.
+``train.iterations`` continues a finished run, while changing e.g. ``train.lr`` or the base model's weights starts it
+over.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from ..config import Params
 from ..paths import Layout
+from ..storage import base_model_digest
 
 __all__ = ["run_fingerprint"]
 
@@ -20,13 +22,12 @@ _IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_ima
 
 
 def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:
-    base_card = layout.base_model / "card.json"
     ignored = set(_IGNORED_TRAIN)
     if params.method(method).jagg_frac != "auto":  # the fidelity monitor only decides the routing under 'auto'
         ignored.add("fidelity_batch")
     tree = {
         "model": params.model.model_dump(mode="json"),
-        "base_model": hashlib.sha256(base_card.read_bytes()).hexdigest() if base_card.exists() else None,
+        "base_model": base_model_digest(layout.base_model, params.model.path),  # its weights, not its card
         "sample": params.sample.model_dump(mode="json"),
         "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
         "method": params.method(method).model_dump(mode="json"),
