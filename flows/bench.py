@@ -11,6 +11,8 @@ from jagg_core.bench import BUILTIN_MODELS, BenchConfig, BenchError
 from tasks.bench import bench
 from tasks.common import load
 
+from .reproduce import sweep_name
+
 
 @flow(name="jagg-bench", log_prints=True)
 def bench_flow(
@@ -27,6 +29,7 @@ def bench_flow(
     write_docs: str | None = None,
     profile: str | None = None,
     mlflow: bool = True,
+    sweep: str | None = None,
 ) -> list[str]:
     """Exact vs JAGG vs ablate side by side; returns the JSON files written.
 
@@ -45,5 +48,6 @@ def bench_flow(
                               threads=threads or params.resources.num_threads or len(os.sched_getaffinity(0)),
                               memory=memory, comm=comm)
     models = list(BUILTIN_MODELS) if model == "both" else [model]
-    paths = bench(params, cfg, models=models, profile=bool(profile), out=out, write_docs=write_docs, mlflow=mlflow)
+    paths = bench(params, cfg, models=models, profile=bool(profile), out=out, write_docs=write_docs, mlflow=mlflow,
+                  sweep=sweep_name(sweep))
     return [str(p) for p in paths]

@@ -1,14 +1,24 @@
 """Prefect flows: the full reproduction (prepare → pretrain → train per method × seed → evaluate → report),
-evaluation only, and report only. Deployments of these flows are in prefect.yaml."""
+evaluation only, and report only. Deployments of these flows are in prefect.yaml.
+
+Every flow takes the profile, an optional params file and optional parameter overrides (``{"train.iterations": 8}``),
+validated by the same schema as params.yaml, with the same one-sentence errors. A flow run with overrides is a sweep
+point: its runs, checkpoints, evaluations and report go to folders of its own (``<profile>-<digest of the overrides>``),
+beside the profile's, while it shares the profile's prompt set and base model. Overrides of ``tracking.*`` and
+``resources.*`` alone (where results are logged, which devices run them) keep the profile's folders.
+"""
 
 from __future__ import annotations
 
-import os
+import hashlib
+import json
+from typing import Any
 
 from prefect import flow
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from jagg_core.config import Params, ParamsError
 from jagg_core.paths import run_name
 from tasks.common import load
 from tasks.evaluate import evaluate_task
@@ -17,53 +27,84 @@ from tasks.pretrain import pretrain_task
 from tasks.report import report_task
 from tasks.train import train_task
 
+# Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
+_SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")
+# Overrides of how runs are logged and placed, not of what they compute: the profile's own folders.
+_NEUTRAL_SECTIONS = ("tracking.", "resources.")
 
-def _sweep() -> None:
-    """All runs of this flow run share one MLflow parent run, keyed by the flow run id."""
+
+def sweep_name(sweep: str | None) -> str:
+    """The MLflow parent run of this flow run's runs: the given name, else the flow run's id."""
+    if sweep:
+        return sweep
     ctx = FlowRunContext.get()
-    if ctx and ctx.flow_run and "JAGG_SWEEP" not in os.environ:
-        os.environ["JAGG_SWEEP"] = str(ctx.flow_run.id)
+    return str(ctx.flow_run.id) if ctx and ctx.flow_run else "default"
+
+
+def flow_params(profile: str | None, params_file: str | None = None, overrides: dict[str, Any] | None = None) -> Params:
+    """The validated params of a flow run; with overrides, a sweep point with output folders of its own."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ParamsError(f"overrides must be a mapping of dotted keys to values, e.g. {{\"train.iterations\": 8}}; "
+                          f"got {type(overrides).__name__}.")
+    shared = sorted(k for k in overrides or {} if k.startswith(_SHARED_SECTIONS))
+    if shared:
+        raise ParamsError(f"override {shared[0]} would change the prompt set or the base model that a sweep point "
+                          f"shares with its profile; add a profile to params.yaml for that.")
+    params = load(profile, params_file, overrides)
+    if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
+        digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
+        params = params.model_copy(update={"outputs": f"{params.profile}-{digest}"})
+    return params
 
 
 @flow(name="jagg-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
-def reproduce(profile: str = "toy", parallel_runs: int = 1) -> dict:
+def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str, Any] | None = None,
+              params_file: str | None = None, sweep: str | None = None) -> dict:
     """Baseline vs JAGG vs ablate end to end on one profile.
 
     Args:
         profile: a profile of params.yaml.
         parallel_runs: training runs at a time (on GPUs, give each method its devices in
             resources.cuda_visible_devices).
+        overrides: dotted params to change for this flow run, e.g. {"train.iterations": 8, "jagg.window": 8}.
+        params_file: a params file other than the repository's params.yaml.
+        sweep: name of the MLflow parent run (default: this flow run's id).
     """
-    _sweep()
-    params = load(profile)
+    if parallel_runs < 1:
+        raise ParamsError(f"parallel_runs {parallel_runs} must be at least 1.")
+    params = flow_params(profile, params_file, overrides)
+    sweep = sweep_name(sweep)
+    if params.outputs:
+        print(f"sweep point {params.outputs}: {json.dumps(overrides, sort_keys=True)}")
     prepare_task(params)
     pretrain_task(params)
-    evaluate_task(params, "base")
+    evaluate_task(params, "base", sweep)
     # Runs one at a time by default: on a shared CPU, overlapping runs would distort each other's timings.
     runs = [(m, s) for s in params.run.seeds for m in params.run.methods]
     finished = []
-    for i in range(0, len(runs), max(1, parallel_runs)):
-        batch = [train_task.submit(params, m, s) for m, s in runs[i : i + parallel_runs]]
+    for i in range(0, len(runs), parallel_runs):
+        batch = [train_task.submit(params, m, s, sweep) for m, s in runs[i : i + parallel_runs]]
         finished += [f.result() for f in batch]
     for m, s in runs:
-        evaluate_task(params, run_name(m, s))
-    return {"report": report_task(params), "runs": finished}
+        evaluate_task(params, run_name(m, s), sweep)
+    return {"report": report_task(params, sweep), "runs": finished}
 
 
 @flow(name="jagg-evaluate", log_prints=True)
-def evaluate_only(profile: str = "toy") -> dict:
+def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None, params_file: str | None = None,
+                  sweep: str | None = None) -> dict:
     """Evaluate the base model and every run's checkpoints, then rebuild the report."""
-    _sweep()
-    params = load(profile)
-    evaluate_task(params, "base")
+    params = flow_params(profile, params_file, overrides)
+    sweep = sweep_name(sweep)
+    evaluate_task(params, "base", sweep)
     for s in params.run.seeds:
         for m in params.run.methods:
-            evaluate_task(params, run_name(m, s))
-    return report_task(params)
+            evaluate_task(params, run_name(m, s), sweep)
+    return report_task(params, sweep)
 
 
 @flow(name="jagg-report", log_prints=True)
-def report_only(profile: str = "toy") -> dict:
+def report_only(profile: str = "toy", overrides: dict[str, Any] | None = None, params_file: str | None = None,
+                sweep: str | None = None) -> dict:
     """Rebuild the report from what is on disk."""
-    _sweep()
-    return report_task(load(profile))
+    return report_task(flow_params(profile, params_file, overrides), sweep_name(sweep))

@@ -1,4 +1,7 @@
-"""`jagg run`: the reproduction flow end to end on one profile (Prefect in-process; no server needed)."""
+"""`jagg run`: the reproduction flow end to end on one profile (Prefect in-process; no server needed).
+
+With ``--set KEY=VALUE`` the flow run is a sweep point: its outputs go to folders of their own (see flows.reproduce).
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,9 @@ import sys
 import time
 
 from jagg_core.config import ParamsError
-from tasks.common import ROOT, add_common_args, cli, layout, load
+from tasks.common import ROOT, add_common_args, cli, layout, parse_overrides
 
-from .reproduce import reproduce
+from .reproduce import flow_params, reproduce
 
 
 @cli
@@ -21,13 +24,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
-    if args.overrides:
-        raise SystemExit("jagg run: --set is not supported here; edit params.yaml or add a profile.")
-    params = load(args.profile, args.params)  # fail on bad params before Prefect starts
+    overrides = parse_overrides(args.overrides) or None
+    params = flow_params(args.profile, args.params, overrides)  # bad params fail here, before Prefect starts
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("JAGG_SWEEP", f"run-{time.strftime('%Y%m%d-%H%M%S')}")
     t0 = time.perf_counter()
-    reproduce(profile=params.profile, parallel_runs=args.parallel_runs)
+    reproduce(profile=params.profile, parallel_runs=args.parallel_runs, overrides=overrides, params_file=args.params,
+              sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}")
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")

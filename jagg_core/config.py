@@ -294,6 +294,8 @@ class TrackingConfig(_Section):
     mlflow_uri: str = Field("sqlite:///mlflow.db", description="MLflow store; relative sqlite paths are repo-relative")
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
     retries: int = Field(5, ge=0, description="retries of a failed MLflow call (exponential backoff)")
+    ui_url: str = Field("http://127.0.0.1:5000", pattern=r"^https?://\S+$",
+                        description="the MLflow UI that links (Prefect artifacts) point to: `jagg services up`'s")
 
     @field_validator("experiment")
     @classmethod
@@ -325,6 +327,11 @@ class Params(_Section):
     """The whole resolved configuration of one profile."""
 
     profile: str = "toy"
+    outputs: str | None = Field(
+        None, pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        description="folder name of the runs, checkpoints, evaluations and report (default: the profile's name; a "
+                    "flow run with parameter overrides gets its own)",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)

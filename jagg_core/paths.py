@@ -25,8 +25,20 @@ def parse_run_name(name: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class Layout:
+    """The profile's prompt set and base model under ``<profile>``; its runs, checkpoints, evaluations and report under
+    ``outputs`` (the profile's name, or a sweep point's own name when a flow ran with parameter overrides)."""
+
     root: Path
     profile: str
+    outputs: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            object.__setattr__(self, "outputs", self.profile)
+
+    @classmethod
+    def of(cls, params, root: Path) -> "Layout":  # noqa: ANN001  (Params; paths stays free of config imports)
+        return cls(Path(root), params.profile, params.outputs or params.profile)
 
     @property
     def prompts(self) -> Path:
@@ -45,17 +57,17 @@ class Layout:
         return self.root / "models" / self.profile / "base"
 
     def checkpoints(self, run: str) -> Path:
-        return self.root / "checkpoints" / self.profile / run
+        return self.root / "checkpoints" / self.outputs / run
 
     def run_dir(self, run: str) -> Path:
-        return self.root / "runs" / self.profile / run
+        return self.root / "runs" / self.outputs / run
 
     def curve(self, run: str) -> Path:
         return self.run_dir(run) / "curve.tsv"
 
     def eval_dir(self, run: str) -> Path:
-        return self.root / "eval" / self.profile / run
+        return self.root / "eval" / self.outputs / run
 
     @property
     def report_dir(self) -> Path:
-        return self.root / "reports" / self.profile
+        return self.root / "reports" / self.outputs

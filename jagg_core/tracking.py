@@ -130,7 +130,9 @@ class Tracker:
         tags = {"jagg.kind": "run", "jagg.sweep": sweep, "jagg.run": run, "jagg.key": key}
         run_id = self._find(tags)
         if run_id is None:
-            all_tags = {**tags, "mlflow.parentRunId": parent, "mlflow.runName": run, "profile": self.params.profile,
+            # Not nested under the parent (MLflow's UI would show one collapsed row and empty charts until a user
+            # expands it): every run is a row of its own, side by side; `jagg.parent_run` points to the sweep's run.
+            all_tags = {**tags, "jagg.parent_run": parent, "mlflow.runName": run, "profile": self.params.profile,
                         **self._source_tags(), **(extra_tags or {})}
             if method is not None:
                 all_tags["method"] = method
@@ -166,8 +168,48 @@ class Tracker:
         else:
             self._call(lambda: self.client.log_artifact(run_id, str(path), artifact_path), "log an artifact")
 
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self._call(lambda: self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()]),
+                   "tag a run")
+
+    def system_metrics(self, run_id: str, interval: float = 10.0) -> Any:
+        """MLflow's own monitor of CPU, memory, disk and network (GPU where there is one), logged as ``system/…``
+        every ``interval`` seconds while the run trains; None where it cannot start (no psutil). Call ``finish()``."""
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, resume_logging=True,
+                                           tracking_uri=self.uri)
+        except Exception as e:  # noqa: BLE001  (system metrics are a convenience, never a reason to stop)
+            log.warning("MLflow system metrics are off (%s: %s)", type(e).__name__, e)
+            return None
+        monitor.start()
+        return _SystemMetrics(monitor)
+
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self._call(lambda: self.client.set_terminated(run_id, status), "finish a run")
+
+
+class _SystemMetrics:
+    """MLflow's system-metrics monitor, stopped so that a run shorter than one interval still logs what it sampled."""
+
+    def __init__(self, monitor: Any):
+        self.monitor = monitor
+
+    def finish(self) -> None:
+        m = self.monitor
+        m._shutdown_event.set()
+        if m._process is not None:
+            m._process.join()
+            m._process = None
+        try:
+            if any(mon.metrics for mon in m.monitors):  # samples taken since the last publish
+                m.publish_metrics(m.aggregate_metrics())
+            m.mlflow_logger.flush()
+        except Exception as e:  # noqa: BLE001
+            log.warning("MLflow system metrics: the last samples were not logged (%s)", e)
 
 
 class MlflowLogger:

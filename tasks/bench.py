@@ -23,7 +23,7 @@ from jagg_core.bench import (BUILTIN_MODELS, BenchConfig, BenchError, model_spec
                              write_markdown)
 from jagg_core.config import Params
 
-from .common import ROOT, add_common_args, cli, load, parse_overrides, stage_logger, sweep_id
+from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
 
 __all__ = ["bench", "main", "parse_list"]
 
@@ -69,9 +69,9 @@ def _metrics(result: dict) -> dict[str, float]:
     return m
 
 
-def _log_mlflow(tracker: Any, result: dict, path: Path) -> str:
+def _log_mlflow(tracker: Any, result: dict, path: Path, sweep: str) -> str:
     """One run per model: params (the bench settings and the model), metrics, and the JSON as artifact."""
-    run_id = tracker.child_run(sweep_id(), f"bench-{result['model']['name']}", method=None, seed=None, key=path.stem,
+    run_id = tracker.child_run(sweep, f"bench-{result['model']['name']}", method=None, seed=None, key=path.stem,
                                extra_tags={"jagg.bench": "1"})
     tracker.log_params(run_id, {"bench": {**result["config"], "model": result["model"]["name"],
                                           "trainable_params": result["model"]["trainable_params"],
@@ -84,7 +84,8 @@ def _log_mlflow(tracker: Any, result: dict, path: Path) -> str:
 
 def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",), profile: bool = False,
           root: Path = ROOT, out: str | Path = "bench", write_docs: str | Path | None = None, mlflow: bool = True,
-          params_path: str | Path | None = None, progress: bool = True) -> list[Path]:
+          params_path: str | Path | None = None, progress: bool = True,
+          sweep: str = DEFAULT_SWEEP) -> list[Path]:
     """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
     weights); returns the JSON files written under ``root / out``."""
     from jagg_core.build import pick_device
@@ -102,7 +103,7 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
         path = save_result(result, root / out)
         log.info("bench %s: %s", spec.name, path)
         if tracker is not None:
-            _log_mlflow(tracker, result, path)
+            _log_mlflow(tracker, result, path, sweep)
         results.append(result)
         paths.append(path)
     if write_docs:
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                                  epilog=__doc__.split("\n\n", 2)[2],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(ap)
+    add_sweep_arg(ap)
     ap.add_argument("--model", default=None,
                     help="built-in model: toy | large | both (default toy; not with --profile)")
     d = BenchConfig()  # the one place the defaults live
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                       batch=args.batch, steps=args.steps, threads=threads, memory=not args.no_memory,
                       comm=not args.no_comm)
     bench(params, cfg, models=models, profile=bool(args.profile), out=args.out, write_docs=args.write_docs,
-          mlflow=not args.no_mlflow, params_path=args.params)
+          mlflow=not args.no_mlflow, params_path=args.params, sweep=args.sweep)
     return 0
 
 

@@ -25,7 +25,8 @@ __all__ = [
     "orchestration_tags",
     "parse_overrides",
     "stage_logger",
-    "sweep_id",
+    "DEFAULT_SWEEP",
+    "add_sweep_arg",
 ]
 
 ROOT = Path(os.environ.get("JAGG_ROOT", ".")).resolve()
@@ -54,19 +55,25 @@ def load(profile: str | None = None, params_path: str | os.PathLike | None = Non
 
 
 def layout(params: Params, root: Path | None = None) -> Layout:
-    return Layout(root or ROOT, params.profile)
+    return Layout.of(params, root or ROOT)
 
 
-def sweep_id() -> str:
-    """Groups the runs of one sweep under one MLflow parent run: the Prefect flow run, or ``JAGG_SWEEP``."""
-    return os.environ.get("JAGG_SWEEP", "default")
+# The MLflow parent run that groups the runs of stages started on their own (`dvc repro`, `jagg train`); a flow passes
+# its own sweep (the Prefect flow run, or `jagg run`'s timestamp) to every stage it runs.
+DEFAULT_SWEEP = "default"
+
+
+def add_sweep_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sweep", default=DEFAULT_SWEEP, metavar="NAME",
+                   help=f"MLflow parent run to group this stage's runs under (default: {DEFAULT_SWEEP!r})")
 
 
 def orchestration_tags() -> dict[str, str]:
-    """MLflow tags saying who ran a stage: the DVC stage and the Prefect flow run, where there is one."""
+    """MLflow tags saying who ran a stage: the DVC stage (DVC sets ``DVC_STAGE`` for every command it runs) and the
+    Prefect flow run, where there is one."""
     tags = {}
-    if os.environ.get("JAGG_DVC_STAGE"):
-        tags["dvc_stage"] = os.environ["JAGG_DVC_STAGE"]
+    if os.environ.get("DVC_STAGE"):
+        tags["dvc_stage"] = os.environ["DVC_STAGE"]
     try:
         from prefect.context import FlowRunContext
 

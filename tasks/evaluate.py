@@ -11,10 +11,11 @@ from jagg_core.config import Params, ParamsError
 from jagg_core.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
-from .common import add_common_args, cli, layout, load, orchestration_tags, parse_overrides, stage_logger, sweep_id
+from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
+                     parse_overrides, stage_logger)
 
 
-def evaluate(params: Params, lay: Layout, run: str) -> dict:
+def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.sampling import image_grid
@@ -24,7 +25,7 @@ def evaluate(params: Params, lay: Layout, run: str) -> dict:
     method, seed = (None, None) if run == "base" else parse_run_name(run)
     key = "base" if run == "base" else run_fingerprint(params, lay, method, seed)
     tracker = Tracker(params, lay.root)
-    run_id = tracker.child_run(sweep_id(), run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     logger = tracker.logger(run_id)
     result = evaluate_run(params, lay, run, logger=logger, report=log.info)
     # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
@@ -60,14 +61,15 @@ def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, l
 
 
 @task(name="evaluate", retries=1)
-def evaluate_task(params: Params, run: str) -> dict:
-    return evaluate(params, layout(params), run)
+def evaluate_task(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict:
+    return evaluate(params, layout(params), run, sweep=sweep)
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg evaluate", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    add_sweep_arg(ap)
     ap.add_argument("--run", required=True, help="<method>-s<seed> (e.g. jagg-s0), or base for the base model")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             params.method(parse_run_name(args.run)[0])
         except ValueError as e:
             raise ParamsError(str(e)) from None
-    evaluate(params, layout(params), args.run)
+    evaluate(params, layout(params), args.run, sweep=args.sweep)
     return 0
 
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Iterator
 
 from prefect import task
 
 from jagg_core.config import Params
 from jagg_core.paths import Layout
 
-from .common import ROOT, add_common_args, cli, layout, load, parse_overrides, stage_logger, sweep_id
+from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides, stage_logger
 
 
-def report(params: Params, lay: Layout) -> dict:
+def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
     from jagg_core.report import build_report
     from jagg_core.tracking import Tracker
@@ -21,53 +22,84 @@ def report(params: Params, lay: Layout) -> dict:
     log = stage_logger("report")
     summary = build_report(params, lay)
     tracker = Tracker(params, lay.root)
-    parent = tracker.sweep_run(sweep_id())
+    parent = tracker.sweep_run(sweep)
     tracker.log_artifact(parent, lay.report_dir, "report")
     tracker.logger(parent).log_metrics(_sweep_metrics(summary), 0)
     tracker.finish(parent)  # the report is the sweep's last stage
     log.info("report: %s", lay.report_dir / "index.html")
-    _prefect_artifact(lay)
+    _prefect_artifacts(lay, summary, params.tracking.ui_url.rstrip("/"), tracker.experiment_id, parent)
     return summary
 
 
-def _sweep_metrics(summary: dict) -> dict[str, float]:
-    """The sweep's summary for its parent run: final metrics (mean over seeds) and speeds per method."""
-    out = {}
+_SPEED_KEYS = ("time/iteration", "time/update", "update_speedup", "ideal_update_speedup")
+
+
+def _summary_values(summary: dict) -> Iterator[tuple[str, str, str, float]]:
+    """(method, "final" or "speed", name, value): final test metrics (mean over seeds) and speeds per method."""
     for row in summary["final"]:
         for metric, value in row.items():
             if isinstance(value, (list, tuple)) and value and value[0] == value[0]:
-                out[f"final/{row['method']}/{metric}"] = float(value[0])
+                yield row["method"], "final", metric, float(value[0])
     for row in summary["speed"]:
-        for key in ("time/iteration", "time/update", "update_speedup", "ideal_update_speedup"):
+        for key in _SPEED_KEYS:
             if isinstance(row.get(key), float) and row[key] == row[key]:
-                out[f"speed/{row['method']}/{key.removeprefix('time/')}"] = row[key]
-    return out
+                yield row["method"], "speed", key.removeprefix("time/"), row[key]
 
 
-def _prefect_artifact(lay: Layout) -> None:
-    """Inside a flow, the report's README becomes a Prefect markdown artifact (linked from the flow run)."""
+def _sweep_metrics(summary: dict) -> dict[str, float]:
+    """The sweep's summary for its parent run: ``final/<method>/<metric>`` and ``speed/<method>/<name>``."""
+    return {f"{kind}/{method}/{name}": value for method, kind, name, value in _summary_values(summary)}
+
+
+def artifact_rows(summary: dict) -> list[dict]:
+    """One row per method (final test metrics, mean over seeds; seconds per iteration and update; speedups), for a
+    Prefect table artifact."""
+    rows: dict[str, dict] = {}
+    for method, kind, name, value in _summary_values(summary):
+        column = name if kind == "final" else f"{name} (s)" if name in ("iteration", "update") else name
+        rows.setdefault(method, {"method": method})[column] = round(value, 4)
+    return list(rows.values())
+
+
+def report_markdown(lay: Layout, ui_url: str, run_id: str) -> str:
+    """The report's README with its figures as links into the MLflow parent run's artifacts (served by the MLflow
+    UI), so that they render in the Prefect UI."""
+    md = (lay.report_dir / "README.md").read_text()
+    for png in sorted(p.name for p in lay.report_dir.glob("*.png")):
+        md = md.replace(f"]({png})", f"]({ui_url}/get-artifact?path=report/{png}&run_uuid={run_id})")
+    return md + f"\n\nFull report: `{lay.report_dir / 'index.html'}`\n"
+
+
+def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: str, run_id: str) -> None:
+    """Inside a flow: a table of final scores and speeds, a link to the sweep's MLflow parent run, and the report
+    (figures served by the MLflow UI) as artifacts of the flow run."""
     try:
-        from prefect.artifacts import create_markdown_artifact
+        from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
         from prefect.context import FlowRunContext, TaskRunContext
 
         if not (FlowRunContext.get() or TaskRunContext.get()):
             return
-        md = (lay.report_dir / "README.md").read_text()
-        md += f"\n\nFull report: `{lay.report_dir / 'index.html'}`\n"
-        create_markdown_artifact(md, key=f"jagg-report-{lay.profile}".replace("_", "-"), description="jagg report")
-    except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect link)
-        stage_logger("report").warning("could not create the Prefect artifact: %s", e)
+        key = f"jagg-{lay.outputs}".replace("_", "-")
+        create_table_artifact(artifact_rows(summary), key=f"{key}-scores",
+                              description=f"Final test metrics (mean over seeds) and speeds, {lay.outputs}")
+        create_link_artifact(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_id}", link_text="the sweep in MLflow",
+                             key=f"{key}-mlflow", description="The sweep's MLflow parent run (`jagg services up`)")
+        create_markdown_artifact(report_markdown(lay, ui_url, run_id), key=f"{key}-report",
+                                 description="jagg report")
+    except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect links)
+        stage_logger("report").warning("could not create the Prefect artifacts: %s", e)
 
 
 @task(name="report")
-def report_task(params: Params) -> dict:
-    return report(params, layout(params))
+def report_task(params: Params, sweep: str = DEFAULT_SWEEP) -> dict:
+    return report(params, layout(params), sweep=sweep)
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg report", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    add_sweep_arg(ap)
     ap.add_argument("--copy-to", default=None, metavar="DIR",
                     help="also copy summary.json and the figures there (e.g. docs/results for toy-full)")
     ap.add_argument("--base-grid", default=None, metavar="PNG",
@@ -80,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(base_model_grid(layout(params), ROOT / args.base_grid))
         return 0
     lay = layout(params)
-    summary = report(params, lay)
+    summary = report(params, lay, sweep=args.sweep)
     if args.copy_to:
         import shutil
 

@@ -1,14 +1,18 @@
 """Stage `train@<method>-s<seed>`: one GRPO training run, launched through `accelerate launch`.
 
-The stage function starts ``accelerate launch [...] -m tasks.train --worker`` with the profile's process count, the
-method's own ``CUDA_VISIBLE_DEVICES`` and rendezvous port (so methods can share a machine on GPU partitions), and
-streams the workers' output into the Prefect log. The worker (rank 0) logs every metric to the run's MLflow child run.
-A killed run resumes from its last complete checkpoint when started again (the Prefect task retries do that).
+The stage function starts ``accelerate launch [...] -m tasks.train --worker-context FILE`` with the profile's process
+count, the method's own ``CUDA_VISIBLE_DEVICES`` and rendezvous port (so methods can share a machine on GPU
+partitions), and streams the workers' output into the Prefect log. FILE (readable by its owner only, removed when the
+run ends) carries the launcher's validated params, the repository root and the MLflow run to the workers, so every rank
+trains exactly the same config and no credential in the params shows on a command line. The worker (rank 0) logs every
+metric to the run's MLflow child run. A killed run resumes from its last complete checkpoint when started again (the
+Prefect task retries a run whose process died; a run that stopped with an error of its own is not retried).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import subprocess
@@ -22,8 +26,14 @@ from jagg_core.config import Params
 from jagg_core.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
-from .common import add_common_args, cli, layout, load, orchestration_tags, parse_overrides, stage_logger, sweep_id
 from jagg_core.trainer.fingerprint import run_fingerprint
+
+from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
+                     parse_overrides, stage_logger)
+
+
+class WorkerDied(TrainingError):
+    """The training process ended without an error of its own (killed, out of memory, a crash): a retry resumes."""
 
 
 def accelerate_command(params: Params, method: str, worker_args: list[str]) -> list[str]:
@@ -43,7 +53,36 @@ def accelerate_command(params: Params, method: str, worker_args: list[str]) -> l
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
 
 
-def train_run(params: Params, lay: Layout, method: str, seed: int, *, params_path: Path | None = None) -> dict:
+def _write_worker_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str) -> None:
+    """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
+                   "run_key": key}, f)
+
+
+def _read_worker_context(path: str) -> tuple[Params, Layout, dict]:
+    ctx = json.loads(Path(path).read_text())
+    params = Params.model_validate_json(ctx["params"])
+    return params, Layout.of(params, Path(ctx["root"])), ctx
+
+
+def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
+    """Where a run's last checkpoint is and the SHA-256 of its manifest (which holds every file's SHA-256)."""
+    import hashlib
+
+    from jagg_core.trainer.checkpoint import list_checkpoints
+
+    found = list_checkpoints(lay.checkpoints(run))
+    if not found:
+        return {}
+    last = found[-1]
+    return {"jagg.checkpoint": str(last.path.relative_to(lay.root)), "jagg.checkpoint_iteration": str(last.iteration),
+            "jagg.checkpoint_manifest_sha256": hashlib.sha256((last.path / "manifest.json").read_bytes()).hexdigest()}
+
+
+def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics."""
     from jagg_core.tracking import Tracker
 
@@ -51,36 +90,40 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, params_pat
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
-    mlflow_run = tracker.child_run(sweep_id(), run, method=method, seed=seed, key=key,
-                                   extra_tags=orchestration_tags())
-    env = dict(os.environ)
-    env.update({"JAGG_ROOT": str(lay.root), "JAGG_MLFLOW_RUN": mlflow_run, "JAGG_RUN_KEY": key,
-                "PYTHONUNBUFFERED": "1"})
+    mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
     if method in params.resources.cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
-    worker = ["--profile", params.profile, "--method", method, "--seed", str(seed),
-              "--params", str(params_path or lay.root / "params.yaml"), "--set-json", params.model_dump_json()]
+    context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
+    _write_worker_context(context, params, lay, mlflow_run, key)
+    worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
     cmd = accelerate_command(params, method, worker)
     log.info("launching %s: %s", run, " ".join(cmd[:14]) + " ...")
     tail: deque[str] = deque(maxlen=30)
-    with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          bufsize=1) as proc:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            line = line.rstrip()
-            tail.append(line)
-            if line and "\r" not in line:
-                log.info("[%s] %s", run, line)
-        rc = proc.wait()
+    try:
+        with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              bufsize=1) as proc:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                line = line.rstrip()
+                tail.append(line)
+                if line and "\r" not in line:
+                    log.info("[%s] %s", run, line)
+            rc = proc.wait()
+    finally:
+        context.unlink(missing_ok=True)
     if rc != 0:
         errors = [ln for ln in tail if ln.startswith("jagg: error:")]
-        reason = errors[-1].removeprefix("jagg: error: ") if errors else f"exit status {rc}; last output: {tail[-1] if tail else ''}"
         tracker.finish(mlflow_run, "FAILED")
-        raise TrainingError(f"training run {run} failed: {reason}")
+        if errors:  # the run's own error: the same input fails the same way again
+            raise TrainingError(f"training run {run} failed: {errors[-1].removeprefix('jagg: error: ')}")
+        raise WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+    tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
     tracker.finish(mlflow_run)
     return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
 
 
-def worker(params: Params, lay: Layout, method: str, seed: int) -> None:
+def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: str | None = None,
+           run_key: str | None = None) -> None:
     """Inside `accelerate launch`: train, logging to the MLflow run named by the launcher (rank 0 logs)."""
     from jagg_core.trainer import train
 
@@ -93,40 +136,60 @@ def worker(params: Params, lay: Layout, method: str, seed: int) -> None:
         trainer_log.addHandler(handler)
     trainer_log.setLevel(logging.INFO)
     trainer_log.propagate = False
-    if os.environ.get("JAGG_MLFLOW_RUN") and int(os.environ.get("RANK", "0")) == 0:
+    monitor = None
+    if mlflow_run and int(os.environ.get("RANK", "0")) == 0:  # accelerate sets RANK
         from jagg_core.tracking import Tracker
 
-        logger = Tracker(params, lay.root).logger(os.environ["JAGG_MLFLOW_RUN"])
-    train(params, method, seed, root=lay.root, logger=logger, run_key=os.environ.get("JAGG_RUN_KEY"),
-          progress=sys.stderr.isatty())
+        tracker = Tracker(params, lay.root)
+        logger = tracker.logger(mlflow_run)
+        monitor = tracker.system_metrics(mlflow_run)
+    try:
+        train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty())
+    finally:
+        if monitor is not None:
+            monitor.finish()
 
 
-@task(name="train", retries=2, retry_delay_seconds=5)
-def train_task(params: Params, method: str, seed: int) -> dict:
-    """A training run; a retry resumes from the last complete checkpoint."""
-    return train_run(params, layout(params), method, seed)
+def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry_condition_fn signature)
+    """Retry only a run whose process died (it resumes from its checkpoint); an error of the run's own — a bad
+    parameter, a damaged checkpoint, a diverged loss — would fail the same way again."""
+    try:
+        state.result(raise_on_failure=True)
+    except WorkerDied:
+        return True
+    except BaseException:  # noqa: BLE001
+        return False
+    return False
+
+
+@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)
+def train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP) -> dict:
+    """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
+    return train_run(params, layout(params), method, seed, sweep=sweep)
 
 
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg train", description=__doc__.splitlines()[0])
     add_common_args(ap)
+    add_sweep_arg(ap)
     ap.add_argument("--method", required=True, help="a method defined under `methods` in params.yaml")
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the first of run.seeds)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--set-json", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true",
+                    help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
+    ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher
     args = ap.parse_args(argv)
-    if args.set_json:  # the launcher's already-validated params, so every rank trains exactly the same config
-        params = Params.model_validate_json(args.set_json)
-    else:
-        params = load(args.profile, args.params, parse_overrides(args.overrides))
+    if args.worker_context:  # a worker started by train_run: the launcher's validated params
+        params, lay, ctx = _read_worker_context(args.worker_context)
+        worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"])
+        return 0
+    params = load(args.profile, args.params, parse_overrides(args.overrides))
     seed = params.run.seeds[0] if args.seed is None else args.seed
     params.method(args.method)  # an unknown method fails here, before anything starts
-    lay = layout(params)
     if args.worker:
-        worker(params, lay, args.method, seed)
+        worker(params, layout(params), args.method, seed)
     else:
-        train_run(params, lay, args.method, seed, params_path=Path(args.params) if args.params else None)
+        train_run(params, layout(params), args.method, seed, sweep=args.sweep)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -118,20 +119,72 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _flow_artifacts(api: str, flow_run_id: str) -> dict[str, dict]:
+    """key -> {type, data} of a flow run's artifacts, read back through the Prefect server's REST API."""
+    import urllib.request
+
+    body = json.dumps({"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}}).encode()
+    req = urllib.request.Request(f"{api}/artifacts/filter", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return {a["key"]: a for a in json.loads(r.read())}
+
+
+def _get(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as r:
+        assert r.status == 200, url
+        return r.read()
+
+
 @pytest.mark.slow
 def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
     root = _clone(tmp_path)
-    port = _free_port()
-    up = _run([str(BIN / "jagg"), "services", "up", "--prefect-port", str(port), "--mlflow-port", "0"], root,
-              timeout=300)
+    port, mlflow_port = _free_port(), _free_port()
+    up = _run([str(BIN / "jagg"), "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port)],
+              root, timeout=300)
+    api = f"http://127.0.0.1:{port}/api"
+    env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(root / ".services/prefect")}
+    ui = f"http://127.0.0.1:{mlflow_port}"
+
+    def deployment_run(*args: str, timeout: float = 1000) -> subprocess.CompletedProcess:
+        return _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", *args, "--watch",
+                     "--watch-timeout", "900"], root, timeout=timeout, **env)
+
     try:
         assert up.returncode == 0, up.stdout + up.stderr
-        api = f"http://127.0.0.1:{port}/api"
-        run = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "--watch", "--watch-timeout",
-                    "900"], root, timeout=1000, PREFECT_API_URL=api,
-                   PREFECT_HOME=str(root / ".services/prefect"))
+        # tracking.* overrides say where results are logged, not what is computed: the profile's own folders.
+        run = deployment_run("-p", f'overrides={{"tracking.ui_url": "{ui}"}}')
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "Completed" in run.stdout
+        flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout).group(1)
+        artifacts = _flow_artifacts(api, flow_run_id)
+        # A table of final scores and speeds, a link to the sweep's MLflow run, the report with figures that resolve.
+        table = json.loads(artifacts["jagg-ci-scores"]["data"])
+        assert {r["method"] for r in table} == {"baseline", "jagg", "ablate"}
+        assert all("toy_fidelity" in r and "update (s)" in r for r in table)
+        link = re.search(r"\((http[^)]+)\)", artifacts["jagg-ci-mlflow"]["data"]).group(1)
+        assert link.startswith(f"{ui}/#/experiments/") and _get(link.split("#")[0])
+        images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", artifacts["jagg-ci-report"]["data"])
+        assert images and all(u.startswith(f"{ui}/get-artifact?") for u in images)
+        assert _get(images[-1]).startswith(b"\x89PNG")
+
+        # A sweep point: another params file (only jagg) plus overrides, validated and run into folders of its own.
+        alt = (root / "params.yaml").read_text().replace("  ci:\n", "  ci:\n    run: {methods: [jagg]}\n", 1)
+        (root / "alt.yaml").write_text(alt)
+        point = deployment_run("-p", "params_file=alt.yaml", "-p", 'overrides={"train.iterations": 1}')
+        assert point.returncode == 0, point.stdout[-3000:] + point.stderr[-3000:]
+        points = [p for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
+        assert len(points) == 1 and sorted(p.name for p in points[0].iterdir()) == ["jagg-s0"]
+        assert (root / "reports" / points[0].name / "index.html").exists()
+        assert (root / "reports/ci/index.html").exists()  # the profile's own report is untouched
+
+        # A bad override fails the flow run with the schema's one sentence, before any work.
+        bad = deployment_run("-p", 'overrides={"train.lr": "abc"}', timeout=300)
+        assert bad.returncode != 0 and "Failed" in bad.stdout, bad.stdout[-2000:]
+        bad_id = re.search(r"UUID: ([0-9a-f-]{36})", bad.stdout).group(1)
+        state = json.loads(_get(f"{api}/flow_runs/{bad_id}"))["state"]
+        assert "train.lr = 'abc' is invalid" in state["message"], state
     finally:
         _run([str(BIN / "jagg"), "services", "down"], root, timeout=120)
     runs = _mlflow_runs(root, "jagg-ci")
@@ -140,8 +193,11 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
         assert {"reward/mean", "time/iteration", "eval/toy_fidelity"} <= set(r["metrics"])
         assert r["tags"].get("prefect_flow_run_id")
         assert r["tags"].get("mlflow.source.git.commit") == r["tags"].get("git_commit")
-    assert (root / "reports/ci/index.html").exists()
-    # every run of the sweep ended (the base model's evaluation and the parent too), and the parent holds a summary
+        assert any(k.startswith("system/cpu_utilization") for k in r["metrics"])  # MLflow's system metrics
+        ckpt = root / r["tags"]["jagg.checkpoint"]  # the checkpoint a run ended with, and its manifest's digest
+        assert hashlib.sha256((ckpt / "manifest.json").read_bytes()).hexdigest() == r["tags"][
+            "jagg.checkpoint_manifest_sha256"]
+    # every run of the sweeps ended (the base model's evaluation and the parent too), and the parent holds a summary
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
@@ -149,8 +205,9 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
     assert exp.tags.get("mlflow.experimentKind") == "custom_model_development"
     everything = client.search_runs([exp.experiment_id])
     assert everything and {r.info.status for r in everything} == {"FINISHED"}
-    parent = next(r for r in everything if r.data.tags.get("jagg.kind") == "sweep")
-    assert {"final/baseline/toy_fidelity", "speed/jagg/update"} <= set(parent.data.metrics)
+    parents = {r.data.tags["jagg.sweep"]: r for r in everything if r.data.tags.get("jagg.kind") == "sweep"}
+    assert len(parents) == 2  # the profile's flow run and the sweep point's
+    assert {"final/baseline/toy_fidelity", "speed/jagg/update"} <= set(parents[flow_run_id].data.metrics)
 
 
 @pytest.mark.parametrize(

@@ -113,7 +113,7 @@ def build_policy(spec: ModelSpec) -> Policy:
         from ..paths import Layout
 
         params = load_params(spec.params_path, spec.profile)
-        return policy_from_params(params, Layout(Path(spec.root).resolve(), params.profile),
+        return policy_from_params(params, Layout.of(params, Path(spec.root).resolve()),
                                   torch.device(spec.device))
     from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux
     from ..world import vocabulary

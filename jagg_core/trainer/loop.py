@@ -186,7 +186,7 @@ def _setup(params: Params, method_name: str, seed: int, root: Path, accelerator:
     from accelerate import Accelerator
 
     method: ResolvedMethod = params.method(method_name)
-    layout = Layout(root, params.profile)
+    layout = Layout.of(params, root)
     res, sample, tcfg = params.resources, params.sample, params.train
     if res.num_threads:
         torch.set_num_threads(res.num_threads)

@@ -1,0 +1,55 @@
+"""The flows' own logic with Prefect's real engine (in-process): which failures a training task retries, and how a
+flow run's parameters become validated params."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO
+
+
+def test_training_is_retried_only_after_its_process_died(tmp_path, monkeypatch):
+    from prefect import flow, task
+
+    from jagg_core.trainer import TrainingError
+    from tasks.train import WorkerDied, _retryable, train_task
+
+    assert train_task.retries == 2 and train_task.retry_condition_fn is _retryable
+    calls: list[str] = []
+
+    @task(retries=2, retry_delay_seconds=0, retry_condition_fn=_retryable)
+    def attempt(kind: str) -> str:
+        calls.append(kind)
+        if len(calls) == 1:
+            raise (WorkerDied if kind == "died" else TrainingError)(f"training run x failed ({kind})")
+        return "resumed"
+
+    @flow
+    def run(kind: str) -> str:
+        return attempt(kind)
+
+    assert run("died") == "resumed" and calls == ["died", "died"]  # killed: retried, resumes
+    calls.clear()
+    with pytest.raises(TrainingError, match="failed"):
+        run("own error")  # a bad parameter, a damaged checkpoint, a diverged loss: fails once, no retry
+    assert calls == ["own error"]
+
+
+def test_flow_overrides_make_a_sweep_point_and_are_validated(monkeypatch):
+    from flows.reproduce import flow_params
+    from jagg_core.config import ParamsError
+
+    monkeypatch.chdir(REPO)
+    plain = flow_params("ci")
+    assert plain.outputs is None
+    point = flow_params("ci", overrides={"train.iterations": 8, "jagg.window": 2})
+    assert point.train.iterations == 8 and point.jagg.window == 2
+    assert point.outputs.startswith("ci-") and point.outputs == flow_params("ci", overrides={
+        "jagg.window": 2, "train.iterations": 8}).outputs  # the same point, the same folders
+    assert flow_params("ci", overrides={"tracking.retries": 1}).outputs is None  # logging only: the profile's own
+    with pytest.raises(ParamsError, match=r"train.lr = 'abc' is invalid"):
+        flow_params("ci", overrides={"train.lr": "abc"})
+    with pytest.raises(ParamsError, match="prompt set or the base model"):
+        flow_params("ci", overrides={"pretrain.steps": 5})
+    with pytest.raises(ParamsError, match="does not exist"):
+        flow_params("ci", params_file="no-such-params.yaml")
