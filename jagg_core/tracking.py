@@ -16,15 +16,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, TypeVar
 
 from .config import Params
+from .redact import redact
 from .errors import UserError
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-_SECRET_WORDS = ("token", "secret", "password", "api_key", "apikey", "credential")
-
-
 class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used; the message is for the user."""
 
@@ -45,13 +43,9 @@ def git_commit(root: str | os.PathLike) -> str:
         return "unknown"
 
 
-def _scrub(flat: Mapping[str, Any]) -> dict[str, str]:
-    """Params as MLflow strings, with anything that looks like a secret redacted."""
-    out = {}
-    for k, v in flat.items():
-        leaf = k.rsplit(".", 1)[-1].lower()
-        out[k] = "***" if any(w in leaf for w in _SECRET_WORDS) else str(v)[:6000]
-    return out
+def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
+    """Params as MLflow's flat strings, every secret redacted (by key and by value, see :mod:`jagg_core.redact`)."""
+    return {k: str(v)[:6000] for k, v in _flatten(redact(dict(tree))).items()}
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -154,7 +148,7 @@ class Tracker:
     def log_params(self, run_id: str, tree: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in _scrub(_flatten(tree)).items()]
+        params = [Param(k, v) for k, v in param_strings(tree).items()]
         for i in range(0, len(params), 100):
             self._call(lambda: self.client.log_batch(run_id, params=params[i : i + 100]), "log params")
 

@@ -285,13 +285,43 @@ def test_servers_bind_to_loopback_by_default():
     assert "0.0.0.0" not in src
 
 
-def test_secrets_are_not_logged_as_params():
-    from jagg_core.tracking import _flatten, _scrub
+def test_secrets_are_redacted_by_key_and_by_value_everywhere():
+    from jagg_core.tracking import param_strings
 
-    flat = _scrub(_flatten({"reward": {"options": {"hpsv2.1": {"api_token": "hf_abc", "checkpoint": "x.pt"}}},
-                            "tracking": {"password": "p"}}))
-    assert flat["reward.options.hpsv2.1.api_token"] == "***" and flat["tracking.password"] == "***"
-    assert flat["reward.options.hpsv2.1.checkpoint"] == "x.pt"
+    tree = {"reward": {"options": {"hpsv2.1": {"api_token": "hf_abcdef12", "checkpoint": "x.pt",
+                                               "mirror": "https://h/?t=hf_abcdef12"}}},
+            "tracking": {"mlflow_uri": "postgresql://admin:s3cret-pw@db:5432/mlflow", "passwd": "p4ssw0rd"},
+            "model": {"options": {"tokenizer": "t5", "max_tokens": 77,
+                                  "headers": [{"Authorization": "Bearer abcdef"}, "plain"]}},
+            "keys": {"private_key": "-----BEGIN", "access_key": "AKIA1234", "auth": "u:p"}}
+    flat = param_strings(tree)
+    text = repr(flat)
+    for secret in ("hf_abcdef12", "s3cret-pw", "p4ssw0rd", "Bearer abcdef", "-----BEGIN", "AKIA1234", "u:p"):
+        assert secret not in text, secret
+    assert flat["tracking.mlflow_uri"] == "postgresql://admin:***@db:5432/mlflow"
+    assert flat["reward.options.hpsv2.1.mirror"] == "https://h/?t=***"  # the token's value, elsewhere too
+    assert flat["reward.options.hpsv2.1.checkpoint"] == "x.pt" and flat["model.options.tokenizer"] == "t5"
+    assert flat["model.options.max_tokens"] == "77"
+
+
+def test_a_run_writes_no_secret_to_disk_or_to_its_command_line(ci_project):
+    """params.json, every checkpoint's state.json, the MLflow params and the workers' command line: no secret."""
+    import sqlite3
+
+    secret = "pw-7d1f0c"
+    store = ci_project / "mlflow.db"
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set", "train.iterations=1",
+                     "--set", f"tracking.ui_url=http://admin:{secret}@127.0.0.1:5000", root=ci_project)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert secret not in out.stdout + out.stderr  # the launcher logs the worker's command line
+    written = [p for p in ci_project.rglob("*.json") if "mlflow" not in p.name]
+    assert any(p.name == "state.json" for p in written) and any(p.name == "params.json" for p in written)
+    for p in written:
+        assert secret not in p.read_text(), p
+    with sqlite3.connect(store) as db:
+        values = [v for (v,) in db.execute("select value from params")]
+    assert values and not any(secret in v for v in values)
+    assert not list(ci_project.rglob(".worker-context-*"))  # the launcher's private file is gone
 
 
 # --- determinism -------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ iteration's prompts, and gradients are synchronised once per optimizer step.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -25,6 +26,7 @@ from ..errors import UserError
 from ..faults import fault
 from ..metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..paths import Layout, run_name
+from ..redact import redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..storage import FolderLock, atomic_write_text, read_prompts
@@ -149,7 +151,8 @@ def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -
     curve = TsvCurve(r.layout.curve(r.name), resume_from=start)
     sink = MultiLogger([curve, logger or NullLogger()]) if r.main else NullLogger()
     if r.main:
-        atomic_write_text(r.layout.run_dir(r.name) / "params.json", params.model_dump_json(indent=2) + "\n")
+        atomic_write_text(r.layout.run_dir(r.name) / "params.json",  # the params with secrets redacted
+                          json.dumps(redact(params.model_dump(mode="json")), indent=2) + "\n")
     tcfg = params.train
     meter = _Progress(r, start, progress)
     history: list[dict[str, float]] = []
@@ -415,7 +418,7 @@ def _save(r: _Run, iteration: int, metrics: dict[str, float]) -> Path | None:
     """A checkpoint of the trained weights, optimizer, EMA and state (a collective: every rank calls it)."""
     state = {"run_key": r.run_key, "policy_version": r.policy_version, "jagg_frac": r.jagg_frac,
              "method": r.method.name, "seed": r.seed,
-             "metrics": metrics, "params": r.params.model_dump(mode="json")}
+             "metrics": metrics, "params": redact(r.params.model_dump(mode="json"))}
     trainable_state = trainable_state_dict(r.policy.transformer)  # collective under FSDP: every rank takes part
     opt_state = _optimizer_state(r.optimizer, r.policy.transformer, sharded=r.sync.sharded)
     path = None

@@ -1,0 +1,60 @@
+"""Secrets out of everything a run writes or logs: params go to MLflow, ``params.json`` and every checkpoint's
+``state.json`` redacted, by key and by value.
+
+A key names a secret when one of its words is a secret word (``token``, ``password``, ``private_key``, ``auth``…);
+its value, and every other occurrence of that value in any string of the tree, becomes ``***``. Credentials inside
+URLs (``postgresql://admin:pw@host/db``) are redacted wherever they appear. Lists and dicts inside lists are walked.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = ["redact", "REDACTED"]
+
+REDACTED = "***"
+_SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
+                 "credential", "credentials", "cookie", "signature"}
+_SECRET_PHRASES = ("api_key", "access_key", "private_key", "secret_key", "session_key")
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@", re.I)
+
+
+def _is_secret_key(key: str) -> bool:
+    """``hf_token``, ``api-key``, ``DB_PASSWORD``, ``private_key``: yes; ``tokenizer``, ``max_tokens``: no."""
+    k = re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
+    return bool(_SECRET_WORDS & set(k.split("_"))) or any(p in k for p in _SECRET_PHRASES)
+
+
+def _secret_values(tree: Any, out: set[str]) -> set[str]:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if _is_secret_key(k) and isinstance(v, (str, int, float)) and str(v):
+                out.add(str(v))
+            _secret_values(v, out)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            _secret_values(v, out)
+    elif isinstance(tree, str):
+        out.update(m.group("pw") for m in _URL_CREDENTIALS.finditer(tree))
+    return out
+
+
+def _redact(tree: Any, secrets: list[str]) -> Any:
+    if isinstance(tree, dict):
+        return {k: REDACTED if _is_secret_key(k) and v not in (None, "", {}, []) else _redact(v, secrets)
+                for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_redact(v, secrets) for v in tree]
+    if isinstance(tree, str):
+        s = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{REDACTED}@", tree)
+        for secret in secrets:
+            s = s.replace(secret, REDACTED)
+        return s
+    return tree
+
+
+def redact(tree: Any) -> Any:
+    """A copy of ``tree`` (dicts, lists, scalars) with every secret replaced by ``***``."""
+    secrets = sorted((s for s in _secret_values(tree, set()) if len(s) >= 4), key=len, reverse=True)
+    return _redact(tree, secrets)
