@@ -84,9 +84,11 @@ def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics."""
+    from jagg_core.rewards import check_rewards
     from jagg_core.tracking import Tracker
 
     log = stage_logger("train")
+    check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable

@@ -147,3 +147,16 @@ def test_parallel_runs_must_be_positive(capsys):
 
     assert main(["--parallel-runs", "0"]) == 1
     assert "--parallel-runs 0 must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stage, args", [("tasks.train", ["--method", "jagg"]), ("tasks.evaluate", ["--run", "base"])])
+def test_an_unknown_reward_option_is_one_sentence_before_any_model_loads(ci_project, stage, args):
+    from conftest import run_module
+
+    before = sorted(p.relative_to(ci_project) for p in ci_project.rglob("*"))
+    out = run_module(stage, "--profile", "ci", *args, "--set", "reward.options={toy_fidelity: {bogus: 1}}",
+                     root=ci_project, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert lines[0].startswith("jagg: error: reward.options.toy_fidelity: 'toy_fidelity' has no option 'bogus'")
+    assert sorted(p.relative_to(ci_project) for p in ci_project.rglob("*")) == before  # nothing written

@@ -1,7 +1,17 @@
 """Rewards by name (the registry in :mod:`.base`); importing this package registers the built-in ones."""
 
 from . import clipscore, hps, pickscore  # noqa: F401  (registers the real rewards)
-from .base import RewardError, RewardFn, available_rewards, make_reward, make_weighted_reward, register_reward
+from .base import (RewardError, RewardFn, available_rewards, check_reward_options, check_rewards, make_reward,
+                   make_weighted_reward, register_reward)
 from . import toy  # noqa: F401  (registers toy rewards)
 
-__all__ = ["RewardError", "RewardFn", "available_rewards", "make_reward", "make_weighted_reward", "register_reward"]
+__all__ = [
+    "RewardError",
+    "RewardFn",
+    "available_rewards",
+    "check_reward_options",
+    "check_rewards",
+    "make_reward",
+    "make_weighted_reward",
+    "register_reward",
+]

@@ -11,6 +11,7 @@ its options), and the returned function is called on batches.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -21,6 +22,8 @@ __all__ = [
     "RewardFn",
     "RewardError",
     "available_rewards",
+    "check_reward_options",
+    "check_rewards",
     "make_reward",
     "make_weighted_reward",
     "register_reward",
@@ -65,10 +68,31 @@ def _cached(name: str, frozen: tuple) -> RewardFn:
     return _FACTORIES[name](**dict(frozen))
 
 
-def make_reward(name: str, **options: Any) -> RewardFn:
-    """The reward ``name`` built with ``options``; built once per process for the same options."""
+def check_reward_options(name: str, options: Mapping[str, Any]) -> None:
+    """One sentence for an unknown reward or an option its factory does not take (before any model is loaded)."""
     if name not in _FACTORIES:
         raise RewardError(f"unknown reward {name!r}; available: {', '.join(available_rewards())}.")
+    sig = inspect.signature(_FACTORIES[name])
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    known = [p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise RewardError(f"reward.options.{name}: {name!r} has no option {unknown[0]!r}; its options: "
+                          f"{', '.join(known) or 'none'}.")
+
+
+def check_rewards(weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]],
+                  metrics: Sequence[str] = ()) -> None:
+    """Every reward and evaluation metric named exists and takes the options given (one sentence otherwise), before
+    a stage loads any model or starts a process."""
+    for name in dict.fromkeys([*weights, *options, *metrics]):
+        check_reward_options(name, options.get(name, {}))
+
+
+def make_reward(name: str, **options: Any) -> RewardFn:
+    """The reward ``name`` built with ``options``; built once per process for the same options."""
+    check_reward_options(name, options)
     return _cached(name, _freeze(options))
 
 
