@@ -17,13 +17,14 @@ from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout,
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
-    from jagg_core.evaluation.evaluate import evaluate_run
+    from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
     from jagg_core.rewards import check_rewards
     from jagg_core.sampling import image_grid
     from jagg_core.tracking import Tracker
 
     log = stage_logger("evaluate")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
+    test_prompts(params, lay)  # and the test set is readable, before an MLflow run is opened
     method, seed = (None, None) if run == "base" else parse_run_name(run)
     key = "base" if run == "base" else run_fingerprint(params, lay, method, seed)
     tracker = Tracker(params, lay.root)

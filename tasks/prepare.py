@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from prefect import task
 
@@ -37,6 +38,11 @@ def prepare(params: Params, lay: Layout) -> dict:
             raise ParamsError(
                 f"profile {params.profile}: data.train_prompts is not set; point it at a .txt or .jsonl file of "
                 f"training prompts (e.g. Flow-GRPO's dataset/pickscore/train.txt)."
+            )
+        if not Path(params.data.train_prompts).is_file():
+            raise ParamsError(
+                f"profile {params.profile}: data.train_prompts = {params.data.train_prompts} does not exist; point it "
+                f"at your .txt or .jsonl file of training prompts (e.g. Flow-GRPO's dataset/pickscore/train.txt)."
             )
         train = read_prompts(params.data.train_prompts)
         test = load_hps_benchmark(params.eval.benchmark)

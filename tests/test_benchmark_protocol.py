@@ -21,6 +21,7 @@ from jagg_core.evaluation import (
     score_records,
     summarize_scores,
 )
+from jagg_core.storage import PromptFileError
 
 HINT = (
     "download benchmark/{anime,concept-art,paintings,photo}.json from the Hugging Face dataset zhwang/HPDv2 into the "
@@ -96,14 +97,26 @@ def test_bad_prompt_files(tmp_path, content, message):
 def test_bad_style_names_and_subset(tmp_path):
     write_benchmark(tmp_path)
     for style in ("../x", "Photo", "a/b", "", "photo "):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(PromptFileError) as e:  # a UserError: one sentence, no traceback
             load_hps_benchmark(tmp_path, styles=[style])
-        assert str(e.value) == f"style name {style!r} is invalid: use lowercase letters, digits and dashes only."
-    with pytest.raises(ValueError, match="^style name '../x' is invalid"):
+        assert str(e.value).startswith(f"benchmark style name {style!r} (a file benchmark/<style>.json) is invalid: "
+                                       f"use lowercase letters, digits and dashes only, e.g. rename it to ")
+    with pytest.raises(ValueError, match=r"^benchmark style name '../x' \(a file"):
         image_path(tmp_path, "../x", 0)
     for subset in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="^subset must be a positive integer or None"):
             load_hps_benchmark(tmp_path, subset=subset)
+
+
+def test_a_toy_benchmark_file_with_an_underscore_is_one_sentence(ci_project):
+    from conftest import run_module
+
+    bench = ci_project / "data/ci/prompts/benchmark"
+    (bench / "my_style.json").write_text((bench / sorted(p.name for p in bench.glob("*.json"))[0]).read_text())
+    out = run_module("tasks.evaluate", "--profile", "ci", "--run", "base", root=ci_project, timeout=300)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert "'my_style'" in lines[0] and "rename it to my-style.json" in lines[0]
 
 
 # --- Summary ---------------------------------------------------------------------------------------------------------

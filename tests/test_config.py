@@ -160,3 +160,17 @@ def test_an_unknown_reward_option_is_one_sentence_before_any_model_loads(ci_proj
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
     assert lines[0].startswith("jagg: error: reward.options.toy_fidelity: 'toy_fidelity' has no option 'bogus'")
     assert sorted(p.relative_to(ci_project) for p in ci_project.rglob("*")) == before  # nothing written
+
+
+def test_a_missing_train_prompt_file_names_the_param_not_the_prepare_stage(tmp_path):
+    import shutil
+
+    from conftest import run_module
+
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    out = run_module("tasks.prepare", "--profile", "sd3", "--set", "data.train_prompts=nowhere/train.txt",
+                     root=tmp_path, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert "data.train_prompts = nowhere/train.txt does not exist" in lines[0] and "prepare stage" not in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]

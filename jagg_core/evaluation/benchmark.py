@@ -58,7 +58,9 @@ ScoreFn = Callable[[torch.Tensor, Sequence[str], Sequence[Mapping[str, Any]]], t
 def check_style(style: str) -> str:
     """A style name is a file and folder name: lowercase letters, digits and dashes only (no ``..``, no ``/``)."""
     if not isinstance(style, str) or _STYLE.fullmatch(style) is None:
-        raise ValueError(f"style name {style!r} is invalid: use lowercase letters, digits and dashes only.")
+        raise PromptFileError(f"benchmark style name {style!r} (a file benchmark/<style>.json) is invalid: use "
+                              f"lowercase letters, digits and dashes only, e.g. rename it to "
+                              f"{re.sub(r'[^a-z0-9-]+', '-', str(style).lower()).strip('-') or 'style'}.json.")
     return style
 
 
