@@ -355,7 +355,8 @@ def _final_table(summary: dict, metrics: Sequence[str]) -> list[list[str]]:
         rows.append(["base model (step 0)", "–"] + [_fmt(summary["base"][m]) for m in metrics])
     for r in summary["final"]:
         rows.append([r["method"], str(r.get("seeds", 0))] +
-                    [f"{_fmt(r[m][0])} ± {_fmt(r[m][1])}" for m in metrics])
+                    [f"{_fmt(r[m][0])} ± {_fmt(r[m][1])}" if r.get("seeds", 0) > 1 else _fmt(r[m][0])
+                     for m in metrics])  # one seed has no spread to show
     return rows
 
 

@@ -77,8 +77,9 @@ def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
     api = f"http://{host}:{prefect_port}/api"
     env = _env(api)
+    # The UI's pages call the API at PREFECT_UI_API_URL (default port 4200): point it at this server's own port.
     pids = {"server": _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", host, "--port",
-                                                 str(prefect_port)], _env())}
+                                                 str(prefect_port)], {**_env(), "PREFECT_UI_API_URL": api})}
     (STATE / "pids.json").write_text(json.dumps(pids))
     _wait_http(f"{api}/health", 90, "the Prefect server")
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
