@@ -85,13 +85,14 @@ class Tracker:
         )
         self.experiment = name
 
-    def _call(self, fn: Callable[[], T], what: str) -> T:
+    def _call(self, fn: Callable[[], T], what: str, retries: int | None = None) -> T:
         delay = 0.2
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 return fn()
             except Exception as e:  # noqa: BLE001  (MLflow raises many types for a busy or absent store)
-                if attempt == self.retries:
+                if attempt == retries:
                     raise TrackingError(
                         f"the MLflow store {self.uri} cannot {what} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
                         f"check tracking.mlflow_uri or start the server."
@@ -152,8 +153,9 @@ class Tracker:
         for i in range(0, len(params), 100):
             self._call(lambda: self.client.log_batch(run_id, params=params[i : i + 100]), "log params")
 
-    def logger(self, run_id: str) -> "MlflowLogger":
-        return MlflowLogger(self, run_id)
+    def logger(self, run_id: str, buffer: str | os.PathLike | None = None) -> "MlflowLogger":
+        """The run's metric logger; with ``buffer``, an outage of the store is buffered there, not fatal."""
+        return MlflowLogger(self, run_id, buffer)
 
     def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -207,22 +209,119 @@ class _SystemMetrics:
 
 
 class MlflowLogger:
-    """A :class:`~jagg_core.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow run."""
+    """A :class:`~jagg_core.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow run.
 
-    def __init__(self, tracker: Tracker, run_id: str):
+    With a ``buffer`` file, a store that stays unreachable after the retries does not stop training: what would have
+    been logged is appended to the buffer (images beside it), training goes on, and the buffer is replayed, in
+    order, on the first later call that reaches the store (or by :meth:`flush`). Meanwhile the store is tried at
+    most every ``probe_seconds``, once.
+    """
+
+    def __init__(self, tracker: Tracker, run_id: str, buffer: str | os.PathLike | None = None,
+                 probe_seconds: float = 30.0):
         self.tracker = tracker
         self.run_id = run_id
+        self.buffer = Path(buffer) if buffer else None
+        self.probe_seconds = probe_seconds
+        self._offline_until = 0.0
+        self._offline = False
+
+    # -- the calls -------------------------------------------------------------------------------------------------
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, int(step)) for k, v in metrics.items() if v == v]  # NaN-free
-        for i in range(0, len(batch), 500):
-            self.tracker._call(lambda: self.tracker.client.log_batch(self.run_id, metrics=batch[i : i + 500]),
-                               "log metrics")
+        record = {"kind": "metrics", "run_id": self.run_id, "step": int(step), "time": int(time.time() * 1000),
+                  "metrics": {k: float(v) for k, v in metrics.items() if v == v}}  # NaN-free
+        self._submit(record)
 
     def log_image(self, image: Any, key: str, step: int) -> None:
-        # log_image(key=..., step=...) keeps a history per key: the UI's image-grid chart compares runs by step.
-        self.tracker._call(lambda: self.tracker.client.log_image(self.run_id, image, key=key, step=int(step)),
-                           "log an image")
+        self._submit({"kind": "image", "run_id": self.run_id, "key": key, "step": int(step)}, image=image)
+
+    def _send(self, record: dict, image: Any = None, *, retries: int | None = None) -> None:
+        client = self.tracker.client
+        run_id = record.get("run_id", self.run_id)  # a replayed record goes to the run that logged it
+        if record["kind"] == "metrics":
+            from mlflow.entities import Metric
+
+            batch = [Metric(k, v, record["time"], record["step"]) for k, v in record["metrics"].items()]
+            for i in range(0, len(batch), 500):
+                self.tracker._call(lambda: client.log_batch(run_id, metrics=batch[i : i + 500]),
+                                   "log metrics", retries=retries)
+        else:
+            if image is None:
+                from PIL import Image
+
+                image = Image.open(self.buffer.parent / record["file"])
+            # log_image(key=..., step=...) keeps a history per key: the UI's image-grid chart compares runs by step.
+            self.tracker._call(lambda: client.log_image(run_id, image, key=record["key"], step=record["step"]),
+                               "log an image", retries=retries)
+
+    # -- buffering -------------------------------------------------------------------------------------------------
+
+    def _submit(self, record: dict, image: Any = None) -> None:
+        if self.buffer is None:
+            self._send(record, image)
+            return
+        if time.monotonic() < self._offline_until:
+            self._append(record, image)
+            return
+        try:
+            # Once offline, a single attempt per probe: a store that is down costs no retry backoff per iteration.
+            self.flush(retries=0 if self._offline else None)
+            self._send(record, image, retries=0 if self._offline else None)
+        except TrackingError as e:
+            if not self._offline:
+                log.warning("MLflow: %s Training goes on; what it logs is kept in %s and sent when the store is back.",
+                            e, self.buffer)
+            self._offline = True
+            self._offline_until = time.monotonic() + self.probe_seconds
+            self._append(record, image)
+            return
+        if self._offline:
+            log.warning("MLflow: the store is back; the buffered records were sent.")
+        self._offline = False
+
+    def _append(self, record: dict, image: Any = None) -> None:
+        import json
+
+        self.buffer.parent.mkdir(parents=True, exist_ok=True)
+        if image is not None:
+            from PIL import Image
+
+            key = record["key"].replace("/", "_")
+            name = f"{self.buffer.stem}-images/{key}-{record['step']:06d}-{time.time_ns()}.png"
+            (self.buffer.parent / name).parent.mkdir(parents=True, exist_ok=True)
+            img = image if isinstance(image, Image.Image) else Image.fromarray(image)
+            img.save(self.buffer.parent / name)
+            record = {**record, "file": name}
+        with open(self.buffer, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def pending(self) -> int:
+        """Records waiting in the buffer for the store."""
+        if self.buffer is None or not self.buffer.exists():
+            return 0
+        return sum(1 for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip())
+
+    def flush(self, retries: int | None = None) -> int:
+        """Send the buffered records, oldest first; returns how many were sent. Raises :class:`TrackingError` (the
+        records not yet sent stay in the buffer) when the store cannot be reached."""
+        import json
+        import shutil
+
+        if self.buffer is None or not self.buffer.exists():
+            return 0
+        records = [json.loads(line) for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip()]
+        for i, record in enumerate(records):
+            try:
+                self._send(record, retries=retries)
+            except TrackingError:
+                rest = "".join(json.dumps(r) + "\n" for r in records[i:])
+                tmp = self.buffer.with_suffix(".tmp")
+                tmp.write_text(rest, encoding="utf-8")
+                os.replace(tmp, self.buffer)
+                raise
+        self.buffer.unlink()
+        shutil.rmtree(self.buffer.parent / f"{self.buffer.stem}-images", ignore_errors=True)
+        return len(records)

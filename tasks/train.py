@@ -68,6 +68,27 @@ def _read_worker_context(path: str) -> tuple[Params, Layout, dict]:
     return params, Layout.of(params, Path(ctx["root"])), ctx
 
 
+def pending_file(lay: Layout, run: str) -> Path:
+    """Where a training run buffers what it could not log while the MLflow store was unreachable."""
+    return lay.run_dir(run) / "mlflow-pending.jsonl"
+
+
+def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
+    """Send what the run buffered during an outage of the store; if the store is still down, say what waits where."""
+    from jagg_core.tracking import TrackingError
+
+    logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run))
+    waiting = logger.pending()
+    if not waiting:
+        return
+    try:
+        log.info("%s: sending %d records buffered while the MLflow store was unreachable", run, logger.flush())
+    except TrackingError as e:
+        raise TrackingError(f"training run {run} finished, but {logger.pending()} records wait in "
+                            f"{pending_file(lay, run)} for the MLflow store ({e}); run the stage again when the store "
+                            f"is back: it sends them and does not train again.") from None
+
+
 def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
     """Where a run's last checkpoint is and the SHA-256 of its manifest (which holds every file's SHA-256)."""
     import hashlib
@@ -119,6 +140,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         if errors:  # the run's own error: the same input fails the same way again
             raise TrainingError(f"training run {run} failed: {errors[-1].removeprefix('jagg: error: ')}")
         raise WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+    _replay_pending(tracker, mlflow_run, lay, run, log)
     tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
     tracker.finish(mlflow_run)
     return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
@@ -143,7 +165,8 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
         from jagg_core.tracking import Tracker
 
         tracker = Tracker(params, lay.root)
-        logger = tracker.logger(mlflow_run)
+        # A store that goes down mid-run does not stop training: the logger buffers on disk and replays.
+        logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run_name(method, seed)))
         monitor = tracker.system_metrics(mlflow_run)
     try:
         train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty())

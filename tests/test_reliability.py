@@ -165,6 +165,90 @@ def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci
     assert len((Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()) == 3
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _MlflowServer:
+    """A real `mlflow server` on a sqlite store, that a test can stop and start again on the same port."""
+
+    def __init__(self, root: Path):
+        self.root, self.port, self.proc = root, _free_port(), None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        import time
+        import urllib.request
+
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+             "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}", "--workers", "1"],
+            cwd=self.root, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{self.url}/health", timeout=2)
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("the MLflow server did not start")
+
+    def stop(self) -> None:
+        import signal
+
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everything(ci_project, caplog):
+    """A real MLflow server stops after iteration 2 and comes back at iteration 5: training never stops, what it
+    logged meanwhile (metrics and images) is buffered on disk and replayed, in order, to the same run."""
+    from jagg_core.tracking import MlflowLogger, Tracker
+
+    server = _MlflowServer(ci_project)
+    server.start()
+    try:
+        params = ci(ci_project, **{"train.iterations": 6, "tracking.mlflow_uri": server.url, "tracking.retries": 1,
+                                   "train.log_images_every": 1})
+        tracker = Tracker(params, ci_project)
+        run_id = tracker.child_run("outage", "jagg-s0", method="jagg", seed=0, key="k")
+        buffer = ci_project / "runs/ci/jagg-s0/mlflow-pending.jsonl"
+        logger = MlflowLogger(tracker, run_id, buffer, probe_seconds=0.2)
+        seen: dict[str, int] = {}
+
+        class Outage:  # the trainer's logger, with the server switched off and on between iterations
+            def log_metrics(self, metrics, step):
+                if step == 3 and "down" not in seen:
+                    server.stop()
+                    seen["down"] = step
+                if step == 5 and "up" not in seen:
+                    seen["buffered"] = logger.pending()
+                    server.start()
+                    seen["up"] = step
+                logger.log_metrics(metrics, step)
+
+            def log_image(self, image, key, step):
+                logger.log_image(image, key, step)
+
+        with caplog.at_level("WARNING", logger="jagg_core.tracking"):
+            result = train(params, "jagg", 0, root=ci_project, progress=False, logger=Outage())
+        assert result.iterations == 6 and seen["buffered"] >= 2  # trained to the end; iterations 3-4 were buffered
+        assert logger.pending() == 0 and not buffer.exists()  # all replayed
+        history = Tracker(params, ci_project).client.get_metric_history(run_id, "reward/mean")
+        assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
+        images = {a.path for a in Tracker(params, ci_project).client.list_artifacts(run_id, "images")}
+        assert images  # the buffered image grids arrived too
+        assert any("Training goes on" in r.getMessage() for r in caplog.records)
+        assert any("the store is back" in r.getMessage() for r in caplog.records)
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()
+
+
 def _log_many(args):
     uri, root, k = args
     from jagg_core.config import load_params as lp
