@@ -57,6 +57,28 @@ def test_a_damaged_checkpoint_falls_back_to_the_previous_one(ci_project, damage,
     assert latest_checkpoint(_ckpts(ci_project)).iteration == 2
 
 
+def test_a_writer_killed_mid_swap_leaves_nothing_lost_or_stale(ci_project, caplog):
+    """A kill between the swap's two renames leaves the only copy of a checkpoint in ``.trash-*``; a kill mid-write
+    leaves ``.tmp-*``. The next start puts the copy back, deletes the partial write, and resumes from the former."""
+    import os as _os
+
+    params = ci(ci_project, **{"train.iterations": 2, "train.checkpoint_every": 1, "train.keep_checkpoints": 5})
+    train(params, "jagg", 0, root=ci_project, progress=False)
+    root = _ckpts(ci_project)
+    _os.replace(root / "checkpoint-000002", root / ".trash-checkpoint-000002-4242")  # swap killed after rename 1
+    partial = root / ".tmp-checkpoint-000003-x1y2"
+    partial.mkdir()
+    (partial / "trainable.safetensors").write_bytes(b"half")
+    spare = root / ".trash-checkpoint-000001-77"  # a finished swap whose trash was never deleted
+    shutil.copytree(root / "checkpoint-000001", spare)
+    with caplog.at_level("WARNING"):
+        res = train(params, "jagg", 0, root=ci_project, progress=False)
+    assert not res.history  # already at iteration 2: nothing to redo
+    assert sorted(p.name for p in root.iterdir()) == ["checkpoint-000001", "checkpoint-000002"]
+    assert latest_checkpoint(root).iteration == 2
+    assert "restored checkpoint-000002" in caplog.text and "deleted the interrupted write" in caplog.text
+
+
 def test_no_usable_checkpoint_is_a_clear_error_not_a_silent_restart(ci_project):
     params = ci(ci_project, **{"train.iterations": 1})
     train(params, "jagg", 0, root=ci_project, progress=False)

@@ -144,6 +144,29 @@ def verify_checkpoint(path: Path) -> str | None:
     return None
 
 
+def recover_leftovers(root: str | os.PathLike) -> list[str]:
+    """Tidy what a killed writer left in ``root`` (call it holding the run's lock): an interrupted write
+    (``.tmp-*``) is deleted; a previous copy set aside for a swap (``.trash-<name>-<pid>``) is put back when the swap
+    never finished (``<name>`` missing) and deleted otherwise. Returns what was done, one line each."""
+    root = Path(root)
+    done: list[str] = []
+    if not root.is_dir():
+        return done
+    for p in sorted(root.iterdir()):
+        if p.name.startswith(".tmp-") and p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+            done.append(f"deleted the interrupted write {p.name}")
+        elif p.name.startswith(".trash-") and p.is_dir():
+            name = p.name.removeprefix(".trash-").rsplit("-", 1)[0]
+            if (root / name).exists():
+                shutil.rmtree(p, ignore_errors=True)
+                done.append(f"deleted {p.name} (its swap finished)")
+            else:
+                os.replace(p, root / name)
+                done.append(f"restored {name} from {p.name} (its swap was interrupted)")
+    return done
+
+
 def list_checkpoints(root: str | os.PathLike, *, check: bool = True) -> list[Checkpoint]:
     """Checkpoints under ``root``, oldest first; with ``check``, damaged ones are skipped with a warning."""
     root = Path(root)

@@ -30,7 +30,7 @@ from ..redact import redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..storage import FolderLock, atomic_write_text, read_prompts
-from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
+from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, recover_leftovers, save_checkpoint
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import run_fingerprint
 from .logging import TsvCurve
@@ -232,6 +232,10 @@ def _resume(r: _Run) -> int:
 
     Checkpoints written with other params are moved aside to ``<run>.superseded-<key>``.
     """
+    if r.main:
+        for line in recover_leftovers(r.ckpt_root):
+            log.warning("%s: %s", r.name, line)
+    r.accelerator.wait_for_everyone()
     ckpt = latest_checkpoint(r.ckpt_root)
     if ckpt is None and list_checkpoints(r.ckpt_root, check=False):
         raise CheckpointError(
