@@ -176,4 +176,10 @@ def evaluate_run(
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
     atomic_write_text(eval_dir / "metrics.json", json.dumps(final, indent=2) + "\n")
+    # The curve as a DVC plot (`dvc plots show`): one row per evaluated step; `main` is the benchmark score of the
+    # first of eval.metrics, the same field name on every profile.
+    main = params.eval.metrics[0]
+    rows = [{"step": p["step"], "main": p[f"eval/{main}"], "main_metric": main,
+             **{m: p[f"eval/{m}"] for m in params.eval.metrics}} for p in curve]
+    atomic_write_text(eval_dir / "curve.json", json.dumps(rows, indent=1) + "\n")
     return final
