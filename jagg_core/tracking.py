@@ -8,12 +8,13 @@ with one clear sentence before any training.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from .config import Params
 from .redact import redact
@@ -59,6 +60,25 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def _store_creation_lock(uri: str) -> Iterator[None]:
+    """For a SQLite store, an exclusive lock beside the database while a process opens it: the first creates the
+    tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Tracker:
     """One MLflow store and one experiment; creates or finds parent (sweep) and child (run) runs by tags."""
 
@@ -75,15 +95,24 @@ class Tracker:
             # exponential backoff per call (minutes for an absent server). Explicit environment settings win.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        self.client = MlflowClient(tracking_uri=self.uri)
         name = params.tracking.experiment.format(profile=params.profile)
-        exp = self._call(lambda: self.client.get_experiment_by_name(name), "open the experiment")
-        self.experiment_id = exp.experiment_id if exp else self._call(
-            # MLflow 3 opens an experiment without this tag in its GenAI view (traces); ours trains models.
-            lambda: self.client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"}),
-            "create the experiment",
-        )
+        with _store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it
+            self.client = MlflowClient(tracking_uri=self.uri)
+            self.experiment_id = self._call(lambda: self._open_experiment(name), "open or create the experiment")
         self.experiment = name
+
+    def _open_experiment(self, name: str) -> str:
+        exp = self.client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        try:
+            # MLflow 3 opens an experiment without this tag in its GenAI view (traces); ours trains models.
+            return self.client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"})
+        except Exception:
+            exp = self.client.get_experiment_by_name(name)  # another process created it meanwhile: use theirs
+            if exp is None:
+                raise
+            return exp.experiment_id
 
     def _call(self, fn: Callable[[], T], what: str, retries: int | None = None) -> T:
         delay = 0.2

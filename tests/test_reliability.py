@@ -292,7 +292,7 @@ def test_several_processes_write_one_sqlite_store_without_losing_metrics(ci_proj
 
     uri = f"sqlite:///{ci_project / 'mlflow.db'}"
     params = ci(ci_project, **{"tracking.mlflow_uri": uri})
-    Tracker(params, ci_project)  # create the database once, before fanning out (migrations race)
+    # A fresh store: the four processes race to create the database and the experiment.
     with mp.get_context("spawn").Pool(4) as pool:
         ids = pool.map(_log_many, [(uri, str(ci_project), k) for k in range(4)])
     client = Tracker(params, ci_project).client
