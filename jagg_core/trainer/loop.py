@@ -362,13 +362,13 @@ def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, 
             if len(chunk) and finite:
                 ustats.add(accumulate_gradients(r.policy, traj, advantages, chunk, groups, method, sample=sample,
                                                 train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast))
+            if fault("update", step) == "nan":  # reliability tests: a NaN gradient (also a kill point, after a backward)
+                next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
             t1 = time.perf_counter()
             r.sync.reduce(r.trainable)
             norm = torch.nn.utils.clip_grad_norm_(r.trainable, tcfg.max_grad_norm)
             norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             nonfinite = not math.isfinite(norm) or not finite or not math.isfinite(ustats.loss)
-            if fault("update", step) == "nan":  # (also the kill point "during update": after a backward)
-                nonfinite = True
             if nonfinite:
                 skipped += 1
             elif len(chunk) or world > 1:
