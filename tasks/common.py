@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import logging
 import os
@@ -129,6 +130,13 @@ def cli(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], i
             return fn(argv)
         except USER_ERRORS as e:
             print(f"jagg: error: {e}", file=sys.stderr)
+            return 1
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            where = f" writing {e.filename}" if e.filename else ""
+            print(f"jagg: error: no space left on the device{where}; free some space and run it again (completed "
+                  f"work is kept: every file is written whole or not at all).", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             print("jagg: interrupted", file=sys.stderr)

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections import deque
@@ -60,6 +61,49 @@ def _write_worker_context(path: Path, params: Params, lay: Layout, mlflow_run: s
     with os.fdopen(fd, "w") as f:
         json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
                    "run_key": key}, f)
+
+
+def _die_with_parent(sig: int) -> None:
+    """Linux: deliver ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _own_group_dying_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    _die_with_parent(signal.SIGKILL)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop the trainer's whole process group (SIGTERM, then SIGKILL after 30 s) if anything of it still runs."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            os.killpg(proc.pid, 0)  # the launcher ended; do its workers still run?
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _remove_stale_contexts(run_dir: Path) -> None:
+    """Worker-context files of launchers that no longer run (killed before they could remove theirs)."""
+    for p in run_dir.glob(".worker-context-*.json"):
+        pid = p.stem.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass
 
 
 def _read_worker_context(path: str) -> tuple[Params, Layout, dict]:
@@ -117,6 +161,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if method in params.resources.cuda_visible_devices:
         env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
+    _remove_stale_contexts(lay.run_dir(run))
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
     _write_worker_context(context, params, lay, mlflow_run, key)
     worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
@@ -124,14 +169,20 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     log.info("launching %s: %s", run, " ".join(cmd[:14]) + " ...")
     tail: deque[str] = deque(maxlen=30)
     try:
+        # The trainer runs in a process group of its own that ends with this launcher: when the launcher stops
+        # (an error, an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the
+        # kernel stops the launcher's child (and that child's workers: see worker()).
         with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              bufsize=1) as proc:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                line = line.rstrip()
-                tail.append(line)
-                if line and "\r" not in line:
-                    log.info("[%s] %s", run, line)
-            rc = proc.wait()
+                              bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
+            try:
+                for line in proc.stdout:  # type: ignore[union-attr]
+                    line = line.rstrip()
+                    tail.append(line)
+                    if line and "\r" not in line:
+                        log.info("[%s] %s", run, line)
+                rc = proc.wait()
+            finally:
+                _stop_group(proc)
     finally:
         context.unlink(missing_ok=True)
     if rc != 0:
@@ -205,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher
     args = ap.parse_args(argv)
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
+        _die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
         params, lay, ctx = _read_worker_context(args.worker_context)
         worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"])
         return 0

@@ -53,3 +53,24 @@ def test_flow_overrides_make_a_sweep_point_and_are_validated(monkeypatch):
         flow_params("ci", overrides={"pretrain.steps": 5})
     with pytest.raises(ParamsError, match="does not exist"):
         flow_params("ci", params_file="no-such-params.yaml")
+
+
+def test_a_full_disk_anywhere_is_one_sentence_not_a_traceback(capsys):
+    import errno
+
+    from tasks.common import cli
+
+    @cli
+    def stage(argv=None) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device", "eval/toy/base/curve.json")
+
+    assert stage([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("jagg: error: no space left on the device writing eval/toy/base/curve")
+
+    @cli
+    def other(argv=None) -> int:
+        raise OSError(errno.EACCES, "Permission denied")  # not ours to reword: a traceback shows where
+
+    with pytest.raises(PermissionError):
+        other([])

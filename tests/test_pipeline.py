@@ -199,6 +199,11 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
         images = re.findall(r"!\[[^]]*\]\(([^)]+)\)", artifacts["jagg-ci-report"]["data"])
         assert images and all(u.startswith(f"{ui}/get-artifact?") for u in images)
         assert _get(images[-1]).startswith(b"\x89PNG")
+        # Both servers listen on the loopback interface only (the default of `jagg services up`).
+        import psutil
+
+        listening = {c.laddr.port: c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert listening.get(port) == "127.0.0.1" and listening.get(mlflow_port) == "127.0.0.1", listening
 
         # A sweep point: another params file (only jagg) plus overrides, validated and run into folders of its own.
         alt = (root / "params.yaml").read_text().replace("  ci:\n", "  ci:\n    run: {methods: [jagg]}\n", 1)

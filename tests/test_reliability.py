@@ -373,6 +373,37 @@ def test_missing_or_incomplete_model_weights_are_one_sentence(ci_project):
 # --- security ----------------------------------------------------------------------------------------------------
 
 
+class _Exploit:
+    """A pickle that runs code when loaded."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_checkpoint_with_a_malicious_pickle_runs_no_code(ci_project, tmp_path):
+    """An optimizer.pt that would run a command when unpickled, with a manifest that matches it: loading refuses
+    it (weights_only), no code runs, and the run says which file, in one sentence."""
+    import hashlib
+
+    params = ci(ci_project, **{"train.iterations": 1})
+    train(params, "jagg", 0, root=ci_project, progress=False)
+    ckpt = _ckpts(ci_project) / "checkpoint-000001"
+    marker = tmp_path / "pwned"
+    torch.save({"state": _Exploit(str(marker))}, ckpt / "optimizer.pt")
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["optimizer.pt"] = {"bytes": (ckpt / "optimizer.pt").stat().st_size,
+                                "sha256": hashlib.sha256((ckpt / "optimizer.pt").read_bytes()).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--worker", "--set",
+                     "train.iterations=2", "--set", "reward.weights={jpeg_compressibility: 1.0}", root=ci_project)
+    assert not marker.exists()  # no code ran
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("jagg: error:")]
+    assert out.returncode == 1 and len(lines) == 1 and "optimizer.pt" in lines[0], out.stderr[-2000:]
+
+
 def test_weights_are_loaded_only_with_safetensors_or_weights_only():
     offenders = []
     for path in (REPO / "jagg_core").rglob("*.py"):
@@ -382,15 +413,6 @@ def test_weights_are_loaded_only_with_safetensors_or_weights_only():
             if re.search(r"\bpickle\.load|\bnp\.load\(.*allow_pickle=True", line):
                 offenders.append(f"{path.relative_to(REPO)}:{n}")
     assert offenders == []
-
-
-def test_servers_bind_to_loopback_by_default():
-    from tasks.services import main as services_main  # noqa: F401  (importable)
-    import argparse
-
-    src = (REPO / "tasks/services.py").read_text()
-    assert 'ap.add_argument("--host", default="127.0.0.1"' in src
-    assert "0.0.0.0" not in src
 
 
 def test_secrets_are_redacted_by_key_and_by_value_everywhere():
@@ -480,6 +502,35 @@ def test_random_kills_resume_identically(ci_project, uninterrupted, seed):
     b = load_tensors(_ckpts(ci_project, "ablate-s0") / "checkpoint-000004/trainable.safetensors")
     assert all(torch.equal(reference[k], b[k]) for k in reference), f"differs after a kill {at:.1f} s in"
     print(f"seed {seed}: killed {at:.1f} s after the first checkpoint, checkpoints {done}; resumed, identical")
+
+
+def test_a_killed_launcher_takes_its_trainer_with_it(ci_project):
+    """SIGKILL to the process that launched training (a crashed flow, a killed `jagg train`): the trainer it started
+    (accelerate and its worker) stops too, instead of writing on as an orphan; the next start resumes."""
+    import signal
+    import time
+
+    import psutil
+
+    args = ["--profile", "ci", "--method", "jagg", "--set", "reward.weights={jpeg_compressibility: 1.0}"]
+    env = dict(os.environ, JAGG_ROOT=str(ci_project), PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen([sys.executable, "-m", "tasks.train", *args, "--set", "train.iterations=200"],
+                                cwd=ci_project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = _ckpts(ci_project) / "checkpoint-000001" / "manifest.json"
+    deadline = time.time() + 300
+    while not first.exists():
+        assert launcher.poll() is None and time.time() < deadline, "training did not start"
+        time.sleep(0.1)
+    trainer = [p for p in psutil.Process(launcher.pid).children(recursive=True)]
+    assert any("--worker-context" in " ".join(p.cmdline()) for p in trainer)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    gone, alive = psutil.wait_procs(trainer, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    out = run_module("tasks.train", *args, "--set", "train.iterations=2", root=ci_project)
+    assert out.returncode == 0, out.stderr[-2000:]  # the run's lock is free again; it resumes
+    assert latest_checkpoint(_ckpts(ci_project)).iteration >= 2
+    assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*"))  # the dead launcher's file too
 
 
 def test_changed_params_start_over_and_more_iterations_continue(ci_project):

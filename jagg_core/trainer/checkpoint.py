@@ -58,7 +58,13 @@ class Checkpoint:
         return load_tensors(self.path / f"{name}.safetensors")
 
     def optimizer_state(self) -> dict[str, Any]:
-        return torch.load(self.path / "optimizer.pt", map_location="cpu", weights_only=True)
+        path = self.path / "optimizer.pt"
+        try:  # tensors and plain containers only: a pickle that would run code is refused, never executed
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001  (UnpicklingError, RuntimeError, ...: all mean "not loadable")
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{path} cannot be loaded as tensors only ({first}); it was not written by jagg "
+                                  f"or was tampered with: move checkpoint {self.iteration} aside.") from None
 
 
 def _sha256(path: Path) -> str:
