@@ -98,16 +98,24 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
 
 
+GRID_CELL_MAX = 256  # px: the largest cell of a logged image grid
+
+
 def image_grid(
     images: torch.Tensor | np.ndarray,
     captions: Sequence[str] | None = None,
     *,
     ncols: int = 4,
-    scale: int = 4,
+    scale: int | None = None,
     col_titles: Sequence[str] | None = None,
     caption_width: int = 30,
 ):
-    """A PIL grid of images (upscaled ``scale``× with nearest neighbour) with each caption wrapped underneath."""
+    """A PIL grid of images with each caption wrapped underneath.
+
+    ``scale``: an integer upscales every image that many times (nearest neighbour); None (the default) sizes cells
+    for logging: small images (the toy's 24 px) are upscaled to about 96 px, large ones (Flux's 720 px) are
+    downscaled to 256 px, so a grid logged every few iterations stays a few hundred kB.
+    """
     import textwrap
 
     from PIL import Image, ImageDraw, ImageFont
@@ -115,7 +123,13 @@ def image_grid(
     arr = to_uint8(images) if isinstance(images, torch.Tensor) else np.asarray(images)
     n, h, w = arr.shape[:3]
     font = ImageFont.load_default()
-    cw, ch = w * scale, h * scale
+    if scale is None:
+        side = max(h, w)
+        target = side * max(1, 96 // side) if side < 96 else min(side, GRID_CELL_MAX)
+        cw, ch = max(1, round(w * target / side)), max(1, round(h * target / side))
+    else:
+        cw, ch = w * scale, h * scale
+    resample = Image.NEAREST if cw >= w else Image.LANCZOS
     lines = [textwrap.wrap(c, caption_width) for c in captions] if captions else [[] for _ in range(n)]
     text_h = 12 * max((len(x) for x in lines), default=0) + (4 if captions else 0)
     title_h = 16 if col_titles else 0
@@ -129,7 +143,7 @@ def image_grid(
     for i in range(n):
         r, c = divmod(i, ncols)
         x, y = pad + c * (cw + pad), title_h + pad + r * (ch + text_h + pad)
-        grid.paste(Image.fromarray(arr[i]).resize((cw, ch), Image.NEAREST), (x, y))
+        grid.paste(Image.fromarray(arr[i]).resize((cw, ch), resample), (x, y))
         for k, line in enumerate(lines[i]):
             draw.text((x, y + ch + 2 + 12 * k), line, fill="black", font=font)
     return grid

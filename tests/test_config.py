@@ -174,3 +174,12 @@ def test_a_missing_train_prompt_file_names_the_param_not_the_prepare_stage(tmp_p
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
     assert "data.train_prompts = nowhere/train.txt does not exist" in lines[0] and "prepare stage" not in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+
+
+@pytest.mark.parametrize("profile", ["flux", "qwenimage", "sd3"])
+def test_the_real_recipes_normalise_advantages_per_prompt_group(profile):
+    """The toy's batch-std normalisation (global_std) must not leak into the published recipes."""
+    from jagg_core.config import load_params
+
+    assert load_params(REPO / "params.yaml", profile).train.global_std is False
+    assert load_params(REPO / "params.yaml", "toy").train.global_std is True

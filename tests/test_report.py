@@ -73,3 +73,16 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
     assert pairs[("ablate", "jagg")]["diffs"] == pytest.approx([-0.06, -0.03])
     readme = (tmp_path / "reports" / "rep" / "README.md").read_text()
     assert "jagg − baseline" in readme and "(+0.1000)" in readme  # per-seed gain of baseline seed 0 over the base
+
+
+def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_ones():
+    import numpy as np
+
+    from jagg_core.sampling import image_grid
+
+    toy = image_grid(np.zeros((8, 24, 24, 3), np.uint8), ["a small red circle"] * 8, ncols=4)
+    assert toy.size[0] == 4 * 96 + 5 * 6  # 24 px upscaled 4x (as before), 6 px padding
+    flux = image_grid(np.zeros((8, 720, 720, 3), np.uint8), ["a prompt"] * 8, ncols=4)
+    assert flux.size[0] == 4 * 256 + 5 * 6 and flux.size[1] < 700  # not 11.5k x 5.8k: 256 px cells
+    explicit = image_grid(np.zeros((2, 24, 24, 3), np.uint8), ncols=2, scale=6)
+    assert explicit.size[0] == 2 * 144 + 3 * 6
