@@ -59,7 +59,7 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
 
 @flow(name="jagg-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
 def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str, Any] | None = None,
-              params_file: str | None = None, sweep: str | None = None) -> dict:
+              params_file: str | None = None, sweep: str | None = None, restart: bool = False) -> dict:
     """Baseline vs JAGG vs ablate end to end on one profile.
 
     Args:
@@ -69,6 +69,8 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
         overrides: dotted params to change for this flow run, e.g. {"train.iterations": 8, "jagg.window": 8}.
         params_file: a params file other than the repository's params.yaml.
         sweep: name of the MLflow parent run (default: this flow run's id).
+        restart: runs whose checkpoints were written with other params start over (their checkpoints moved
+            aside); without it such a run stops and says what changed.
     """
     if parallel_runs < 1:
         raise ParamsError(f"parallel_runs {parallel_runs} must be at least 1.")
@@ -83,7 +85,7 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     runs = [(m, s) for s in params.run.seeds for m in params.run.methods]
     finished = []
     for i in range(0, len(runs), parallel_runs):
-        batch = [train_task.submit(params, m, s, sweep) for m, s in runs[i : i + parallel_runs]]
+        batch = [train_task.submit(params, m, s, sweep, restart) for m, s in runs[i : i + parallel_runs]]
         finished += [f.result() for f in batch]
     for m, s in runs:
         evaluate_task(params, run_name(m, s), sweep)

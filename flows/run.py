@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg run", description=__doc__.splitlines()[0])
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
+    ap.add_argument("--restart", action="store_true",
+                    help="runs whose checkpoints were written with other params start over (moved aside)")
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     t0 = time.perf_counter()
     reproduce(profile=params.profile, parallel_runs=args.parallel_runs, overrides=overrides, params_file=args.params,
-              sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}")
+              sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}", restart=args.restart)
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")

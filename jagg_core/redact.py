@@ -9,9 +9,9 @@ URLs (``postgresql://admin:pw@host/db``) are redacted wherever they appear. List
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["redact", "REDACTED"]
+__all__ = ["flatten", "redact", "REDACTED"]
 
 REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
@@ -58,3 +58,15 @@ def redact(tree: Any) -> Any:
     """A copy of ``tree`` (dicts, lists, scalars) with every secret replaced by ``***``."""
     secrets = sorted((s for s in _secret_values(tree, set()) if len(s) >= 4), key=len, reverse=True)
     return _redact(tree, secrets)
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (empty mappings stay as values)."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out

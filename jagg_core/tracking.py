@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from .config import Params
-from .redact import redact
+from .redact import flatten, redact
 from .errors import UserError
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
@@ -46,18 +46,7 @@ def git_commit(root: str | os.PathLike) -> str:
 
 def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow's flat strings, every secret redacted (by key and by value, see :mod:`jagg_core.redact`)."""
-    return {k: str(v)[:6000] for k, v in _flatten(redact(dict(tree))).items()}
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping) and v:
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
+    return {k: str(v)[:6000] for k, v in flatten(redact(dict(tree))).items()}
 
 
 @contextlib.contextmanager

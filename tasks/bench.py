@@ -69,7 +69,7 @@ def _metrics(result: dict) -> dict[str, float]:
     return m
 
 
-def _log_mlflow(tracker: Any, result: dict, path: Path, sweep: str) -> str:
+def _log_mlflow(tracker: Any, result: dict, path: Path, sweep: str = DEFAULT_SWEEP) -> str:
     """One run per model: params (the bench settings and the model), metrics, and the JSON as artifact."""
     run_id = tracker.child_run(sweep, f"bench-{result['model']['name']}", method=None, seed=None, key=path.stem,
                                extra_tags={"jagg.bench": "1"})

@@ -54,13 +54,14 @@ def accelerate_command(params: Params, method: str, worker_args: list[str]) -> l
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
 
 
-def _write_worker_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str) -> None:
+def _write_worker_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str,
+                          restart: bool = False) -> None:
     """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
-                   "run_key": key}, f)
+                   "run_key": key, "restart": restart}, f)
 
 
 def _die_with_parent(sig: int) -> None:
@@ -147,7 +148,8 @@ def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
             "jagg.checkpoint_manifest_sha256": hashlib.sha256((last.path / "manifest.json").read_bytes()).hexdigest()}
 
 
-def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP) -> dict:
+def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
+              restart: bool = False) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics."""
     from jagg_core.rewards import check_rewards
     from jagg_core.tracking import Tracker
@@ -163,7 +165,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
     _remove_stale_contexts(lay.run_dir(run))
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
-    _write_worker_context(context, params, lay, mlflow_run, key)
+    _write_worker_context(context, params, lay, mlflow_run, key, restart)
     worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
     cmd = accelerate_command(params, method, worker)
     log.info("launching %s: %s", run, " ".join(cmd[:14]) + " ...")
@@ -198,7 +200,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
 
 def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: str | None = None,
-           run_key: str | None = None) -> None:
+           run_key: str | None = None, restart: bool = False) -> None:
     """Inside `accelerate launch`: train, logging to the MLflow run named by the launcher (rank 0 logs)."""
     from jagg_core.trainer import train
 
@@ -220,7 +222,8 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
         logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run_name(method, seed)))
         monitor = tracker.system_metrics(mlflow_run)
     try:
-        train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty())
+        train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty(),
+              restart=restart)
     finally:
         if monitor is not None:
             monitor.finish()
@@ -239,9 +242,9 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
 
 
 @task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)
-def train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP) -> dict:
+def train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
-    return train_run(params, layout(params), method, seed, sweep=sweep)
+    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
 
 
 @cli
@@ -251,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     add_sweep_arg(ap)
     ap.add_argument("--method", required=True, help="a method defined under `methods` in params.yaml")
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the first of run.seeds)")
+    ap.add_argument("--restart", action="store_true",
+                    help="if the run's checkpoints were written with other params, move them aside and start over "
+                         "(without it, such a run stops and says what changed)")
     ap.add_argument("--worker", action="store_true",
                     help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher
@@ -258,15 +264,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
         _die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
         params, lay, ctx = _read_worker_context(args.worker_context)
-        worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"])
+        worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
+               restart=ctx.get("restart", False))
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     seed = params.run.seeds[0] if args.seed is None else args.seed
     params.method(args.method)  # an unknown method fails here, before anything starts
     if args.worker:
-        worker(params, layout(params), args.method, seed)
+        worker(params, layout(params), args.method, seed, restart=args.restart)
     else:
-        train_run(params, layout(params), args.method, seed, sweep=args.sweep)
+        train_run(params, layout(params), args.method, seed, sweep=args.sweep, restart=args.restart)
     return 0
 
 

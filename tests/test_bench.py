@@ -51,6 +51,12 @@ def test_json_structure(tiny):
     # W = 2 has no middle steps: ablate and reuse would repeat jagg-joint's work exactly.
     assert ("ablate", 2, 1.0) not in variants and ("ablate", 4, 1.0) in variants
     assert {("jagg-k3", 4, 1.0), ("jagg-k4", 4, 1.0)} <= variants
+    # The strongest exact baseline at every W, and every JAGG figure also against it.
+    assert all(("exact-batched", w, None) in variants for w in WINDOWS)
+    for c in r["cells"]:
+        if c["mode"] != "exact":
+            eb = next(x for x in r["cells"] if x["variant"] == "exact-batched" and x["window"] == c["window"])
+            assert math.isclose(c["speedup_vs_batched"], eb["time"]["median"] / c["time"]["median"])
     for c in r["cells"]:
         t = c["time"]
         assert t["n"] == 2 and t["min"] <= t["median"] <= t["max"] and t["q1"] <= t["q3"]
@@ -76,6 +82,8 @@ EXPECTED = {
     ("jagg-reuse", 4): (2, 1, 0, 2, 1),  # middle velocities from the rollout: no forward at all
     ("jagg-k3", 4): (3, 2, 1, 0, 1),
     ("jagg-k4", 4): (4, 1, 0, 0, 1),
+    ("exact-batched", 2): (2, 1, 0, 0, 1),  # every step of the group in one forward call, one backward
+    ("exact-batched", 4): (4, 1, 0, 0, 1),
 }
 KEYS = ("grad_forwards", "forward_calls", "nograd_forwards", "reused_velocities", "backward_calls")
 
@@ -103,6 +111,7 @@ def test_cost_model_figures(tiny):
     assert cell(r, "jagg-reuse", 4, 1.0)["textbook_speedup"] == pytest.approx(2.0)  # W/2
     assert cell(r, "jagg-joint", 2, 1.0)["textbook_speedup"] == pytest.approx(1.0)
     assert cell(r, "jagg-k4", 4, 1.0)["ideal_speedup"] == pytest.approx(1.0)  # K = W: exact's work
+    assert cell(r, "exact-batched", 4, None)["ideal_speedup"] == pytest.approx(1.0)  # batched, but exact's work
     assert cell(r, "jagg-joint", 4, 0.5)["textbook_speedup"] == pytest.approx(24 / (12 + 8))
     exact = next(c for c in r["cells"] if c["mode"] == "exact")
     assert exact["speedup"] == 1.0 and exact["ideal_speedup"] == pytest.approx(1.0)

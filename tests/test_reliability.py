@@ -533,7 +533,7 @@ def test_a_killed_launcher_takes_its_trainer_with_it(ci_project):
     assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*"))  # the dead launcher's file too
 
 
-def test_changed_params_start_over_and_more_iterations_continue(ci_project):
+def test_changed_params_stop_unless_restart_and_more_iterations_continue(ci_project):
     params = ci(ci_project, **{"train.iterations": 1})
     train(params, "jagg", 0, root=ci_project, progress=False)
     more = train(ci(ci_project, **{"train.iterations": 2}), "jagg", 0, root=ci_project, progress=False)
@@ -541,8 +541,10 @@ def test_changed_params_start_over_and_more_iterations_continue(ci_project):
     smaller = train(ci(ci_project, **{"train.iterations": 3, "train.micro_batch": 4}), "jagg", 0, root=ci_project,
                     progress=False)
     assert [h["iteration"] for h in smaller.history] == [3]  # a smaller micro-batch (after an OOM) continues too
-    other = train(ci(ci_project, **{"train.iterations": 2, "train.lr": 1e-3}), "jagg", 0, root=ci_project,
-                  progress=False)
-    assert [h["iteration"] for h in other.history] == [1, 2]  # started over
+    changed = ci(ci_project, **{"train.iterations": 2, "train.lr": 1e-3})
+    with pytest.raises(CheckpointError, match=r"other params \(train.lr .* → 0.001\); pass --restart"):
+        train(changed, "jagg", 0, root=ci_project, progress=False)  # never a silent start-over
+    other = train(changed, "jagg", 0, root=ci_project, progress=False, restart=True)
+    assert [h["iteration"] for h in other.history] == [1, 2]  # started over, explicitly
     aside = [p.name for p in (ci_project / "checkpoints/ci").iterdir() if ".superseded-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("jagg-s0.superseded-")

@@ -160,7 +160,8 @@ def make_experience(policy: Policy, spec: ModelSpec, *, steps: int, batch: int, 
 
 
 # The bench's named ways to run the update, as the trainer's own method settings (``ResolvedMethod``): one vocabulary
-# for the trainer, the bench and the report. ``jagg-k<K>`` is K-anchor JAGG (joint).
+# for the trainer, the bench and the report. ``jagg-k<K>`` is K-anchor JAGG (joint); ``exact-batched`` is the
+# strongest exact baseline: every step of a group an anchor (K = W), all W in one forward call and one backward.
 BENCH_METHODS: dict[str, dict] = {
     "exact": {"mode": "exact"},
     "jagg-joint": {"mode": "jagg"},
@@ -170,25 +171,27 @@ BENCH_METHODS: dict[str, dict] = {
 }
 
 
-def _settings(name: str) -> dict:
+def _settings(name: str, window: int | None = None) -> dict:
+    if name == "exact-batched":
+        return {"mode": "jagg", "variant": "joint", "anchors": window or 2, "reuse_rollout_velocity": False}
     if name in BENCH_METHODS:
         return {"variant": "joint", "anchors": 2, "reuse_rollout_velocity": False, **BENCH_METHODS[name]}
     if name.startswith("jagg-k") and name[6:].isdigit() and int(name[6:]) >= 2:
         return {"mode": "jagg", "variant": "joint", "anchors": int(name[6:]), "reuse_rollout_velocity": False}
-    raise BenchError(f"unknown variant {name!r}; use one of {', '.join(BENCH_METHODS)} or jagg-k<K>.")
+    raise BenchError(f"unknown variant {name!r}; use one of {', '.join(BENCH_METHODS)}, exact-batched or jagg-k<K>.")
 
 
 def bench_method(name: str, window: int, jagg_frac: float = 1.0) -> ResolvedMethod:
     """The named method at window ``window`` (every group routed by default; middle velocities recomputed unless the
     name says reuse)."""
-    return ResolvedMethod(name=name, window=window, jagg_frac=jagg_frac, **_settings(name))
+    return ResolvedMethod(name=name, window=window, jagg_frac=jagg_frac, **_settings(name, window))
 
 
 def fits(name: str, window: int) -> bool:
     """False where the named method cannot run at ``window``, or would repeat another's work exactly (W = 2 has no
     middle steps, so ablate and reuse do what jagg-joint does)."""
-    s = _settings(name)
-    if s["mode"] == "exact":
+    s = _settings(name, window)
+    if s["mode"] == "exact" or name == "exact-batched":
         return True
     if window == 2 and (s["mode"] == "ablate" or s["reuse_rollout_velocity"]):
         return False

@@ -42,15 +42,21 @@ class Cell:
 
     @property
     def key(self) -> str:
-        return self.variant if self.jagg_frac is None else f"{self.variant}/W{self.window}/frac{self.jagg_frac:g}"
+        if self.variant == "exact":
+            return "exact"
+        if self.jagg_frac is None:  # exact-batched: one per W
+            return f"{self.variant}/W{self.window}"
+        return f"{self.variant}/W{self.window}/frac{self.jagg_frac:g}"
 
 
 def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence[int]) -> list[Cell]:
-    """Exact once; per W × jagg_frac the registered variants, and K-anchor JAGG (K > 2) at the largest W."""
+    """Exact once (per step, W does not matter); per W exact-batched and, per jagg_frac, the registered variants; and
+    K-anchor JAGG (K > 2) at the largest W."""
     w_max = max(windows)
     names = ["jagg-joint", "jagg-sequential", "ablate", "jagg-reuse"]
     cells = [Cell("exact", w_max, None)]
     for w in windows:
+        cells.append(Cell("exact-batched", w, None))
         extra = [f"jagg-k{k}" for k in anchors if k > 2] if w == w_max else []
         for frac in fracs:
             cells += [Cell(n, w, frac) for n in names + extra if fits(n, w)]

@@ -15,17 +15,17 @@ from ..config import Params
 from ..paths import Layout
 from ..storage import base_model_digest
 
-__all__ = ["run_fingerprint"]
+__all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 
 # Fields that change how long a run goes, what it logs, or how its work is split into forwards (micro_batch: the
 # gradient of a chunk is the same sum, so lowering it after an out-of-memory error resumes the run), not what it
 # computes.
-_IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
+IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
                   "micro_batch"}
 
 
 def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:
-    ignored = set(_IGNORED_TRAIN)
+    ignored = set(IGNORED_TRAIN)
     if params.method(method).jagg_frac != "auto":  # the fidelity monitor only decides the routing under 'auto'
         ignored.add("fidelity_batch")
     tree = {

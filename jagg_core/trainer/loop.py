@@ -26,13 +26,13 @@ from ..errors import UserError
 from ..faults import fault
 from ..metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..paths import Layout, run_name
-from ..redact import redact
+from ..redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..storage import FolderLock, atomic_write_text, read_prompts
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, recover_leftovers, save_checkpoint
 from .distributed import GradSync, make_grad_sync, shard_transformer
-from .fingerprint import run_fingerprint
+from .fingerprint import IGNORED_TRAIN, run_fingerprint
 from .logging import TsvCurve
 from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
@@ -110,6 +110,7 @@ class _Run:
     policy_version: int = 0
     jagg_frac: Any = None
     last_ckpt: Path | None = None
+    restart: bool = False  # may start over when the checkpoints were written with other params
 
     @property
     def main(self) -> bool:
@@ -131,14 +132,16 @@ def train(
     accelerator: Any = None,
     progress: bool = True,
     run_key: str | None = None,
+    restart: bool = False,
 ) -> TrainResult:
     """Train ``method_name`` with ``seed`` for ``params.train.iterations`` iterations.
 
     Resumes from the latest complete checkpoint whose run fingerprint (``run_key``, default: computed from the params)
-    matches; checkpoints of another configuration are moved aside to ``<run>.superseded-<key>`` and training starts
-    over.
+    matches. Checkpoints of another configuration stop the run with one sentence naming what changed, unless
+    ``restart``: then they are moved aside to ``<run>.superseded-<key>`` and training starts over. Never silently.
     """
     r = _setup(params, method_name, seed, Path(root).resolve(), accelerator, run_key)
+    r.restart = restart
     # One writer per run: a second trainer of the same run (a retry beside an orphan, a duplicated method) stops here.
     with FolderLock(r.layout.run_dir(r.name), f"training run {r.name}") if r.main else contextlib.nullcontext():
         return _train(r, logger, resume, progress)
@@ -227,6 +230,18 @@ def _setup(params: Params, method_name: str, seed: int, root: Path, accelerator:
                 jagg_frac=method.jagg_frac)
 
 
+def _changed(old: dict, params: Params, limit: int = 3) -> str:
+    """The first few params that differ between a checkpoint's (redacted) params and these, as ``key a → b``."""
+    new = flatten(redact(params.model_dump(mode="json")))
+    was = flatten(old) if isinstance(old, dict) else {}
+    neutral = {f"train.{f}" for f in IGNORED_TRAIN}  # how long, how logged, how split: not what a run computes
+    diffs = [f"{k} {was.get(k)!r} → {v!r}" for k, v in new.items()
+             if k.split(".")[0] not in ("tracking", "resources", "eval", "profile", "outputs") and k not in neutral
+             and was.get(k) != v]
+    more = f" and {len(diffs) - limit} more" if len(diffs) > limit else ""
+    return (", ".join(diffs[:limit]) + more) if diffs else "the base model or the prompts changed"
+
+
 def _resume(r: _Run) -> int:
     """Load the latest complete checkpoint of the same configuration; returns the iteration to start from.
 
@@ -244,6 +259,11 @@ def _resume(r: _Run) -> int:
         )
     if ckpt is not None and ckpt.state().get("run_key") != r.run_key:
         old = ckpt.state().get("run_key", "unknown")
+        if not r.restart:
+            raise CheckpointError(
+                f"{r.name}: its checkpoints under {r.ckpt_root} were written with other params "
+                f"({_changed(ckpt.state().get('params', {}), r.params)}); pass --restart to move them aside and "
+                f"start over, or set the params back to resume.")
         if r.main:
             aside = r.ckpt_root.with_name(f"{r.ckpt_root.name}.superseded-{old}")
             log.warning("%s: checkpoints under %s were written with other params; moved to %s, starting over",
