@@ -13,7 +13,6 @@ os.environ.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -70,14 +69,11 @@ def uninterrupted(ci_base, tmp_path_factory):
             root = tmp_path_factory.mktemp(f"ref-{method}")
             shutil.rmtree(root)
             shutil.copytree(ci_base, root)
-            t0 = time.perf_counter()
             out = run_module("tasks.train", *WORKER_ARGS, "--method", method, root=root)
-            get.seconds[method] = time.perf_counter() - t0  # wall time of the whole process
             assert out.returncode == 0, out.stderr[-2000:]
             cache[method] = load_tensors(root / f"checkpoints/ci/{method}-s0/checkpoint-000004/trainable.safetensors")
             roots[method] = root
         return cache[method]
 
     get.roots = roots  # method -> the project root it trained in (its curve, checkpoints)
-    get.seconds = {}  # method -> how long its uninterrupted training process took
     return get
