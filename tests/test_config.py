@@ -183,3 +183,15 @@ def test_the_real_recipes_normalise_advantages_per_prompt_group(profile):
 
     assert load_params(REPO / "params.yaml", profile).train.global_std is False
     assert load_params(REPO / "params.yaml", "toy").train.global_std is True
+
+
+def test_device_cuda_without_a_visible_gpu_is_one_sentence(monkeypatch):
+    import torch
+
+    from jagg_core.build import pick_device
+    from jagg_core.config import ParamsError, load_params
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine's case, also on a GPU runner
+    with pytest.raises(ParamsError, match=r"^resources.device is 'cuda' but no CUDA device is visible; set it to"):
+        pick_device(load_params(REPO / "params.yaml", "ci", {"resources.device": "cuda"}))
+    assert pick_device(load_params(REPO / "params.yaml", "ci", {"resources.device": "auto"})).type == "cpu"
