@@ -21,7 +21,8 @@ from .cost import ideal_speedup
 from .paths import Layout, run_name
 from .storage import atomic_write_bytes, atomic_write_text
 
-__all__ = ["build_report", "cost_model_speedup", "fidelity_by_position", "markdown_table", "read_curve", "speed_table"]
+__all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
+           "markdown_table", "read_curve", "speed_table", "PHASES"]
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -93,6 +94,87 @@ def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
                 row["ideal_update_speedup"] > 1) else float("nan")
         rows.append(row)
     return rows
+
+
+# An iteration's phases, in the order they run: (label, how to get its seconds from a curve row). The update's forward
+# is time/update less its backward; what no phase accounts for (advantages, the reward gather) is "other".
+PHASES = (
+    ("rollout", lambda x: x.get("time/rollout", 0.0)),
+    ("reward", lambda x: x.get("time/reward", 0.0)),
+    ("update forward", lambda x: x.get("time/update", 0.0) - x.get("time/backward", 0.0)),
+    ("update backward", lambda x: x.get("time/backward", 0.0)),
+    ("gradient sync", lambda x: x.get("time/sync", 0.0)),
+    ("optimizer", lambda x: x.get("time/optimizer", 0.0)),
+    ("fidelity monitor", lambda x: x.get("time/fidelity", 0.0)),
+    ("logging", lambda x: x.get("time/logging", 0.0)),
+    ("checkpoint", lambda x: x.get("time/checkpoint", 0.0)),
+)
+# What a user pays for beyond GRPO itself (rollout, reward and the update stage: forward, backward, sync, optimizer).
+OVERHEAD_PHASES = ("fidelity monitor", "logging", "checkpoint", "other")
+
+
+def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
+    """Per method: the mean seconds of each phase of an iteration (warm-up iteration excluded; a phase that did not
+    run in an iteration counts 0 there), "other" for the rest, and the overhead share of the iteration."""
+    by_method: dict[str, list[dict[str, float]]] = {}
+    for r in runs:
+        rows = [x for x in (r.curve[1:] if len(r.curve) > 1 else r.curve) if "time/iteration" in x]
+        by_method.setdefault(r.method, []).extend(rows)
+    out = []
+    for method, rows in by_method.items():
+        if not rows:
+            continue
+        phases = {name: statistics.fmean(get(x) for x in rows) for name, get in PHASES}
+        total = statistics.fmean(x["time/iteration"] for x in rows)
+        phases["other"] = max(0.0, total - sum(phases.values()))
+        overhead = sum(phases[k] for k in OVERHEAD_PHASES)
+        out.append({"method": method, "iterations": len(rows), "iteration_s": total, "phases": phases,
+                    "overhead_s": overhead, "overhead_share": overhead / total if total else float("nan")})
+    return out
+
+
+def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
+    """One horizontal stacked bar per method: its iteration split into phases (seconds)."""
+    if not rows:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [name for name, _ in PHASES] + ["other"]
+    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(rows) + 1.6), dpi=120)
+    ys = list(range(len(rows)))[::-1]
+    left = [0.0] * len(rows)
+    cmap = plt.get_cmap("tab10")
+    for i, name in enumerate(names):
+        widths = [r["phases"][name] for r in rows]
+        if not any(w > 0 for w in widths):
+            continue
+        ax.barh(ys, widths, left=left, color=cmap(i % 10), label=name, height=0.6)
+        left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(ys, [f"{r['method']}\n{r['overhead_share']:.1%} overhead" for r in rows])
+    ax.set_xlabel("seconds per iteration (mean)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.05 * (4 - min(len(rows), 4))), ncol=5,
+              fontsize=7, frameon=False)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return True
+
+
+def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The breakdown as a table: seconds per phase, the iteration, and the overhead share."""
+    names = [name for name, _ in PHASES] + ["other"]
+    table = [["method"] + names + ["iteration s", "overhead"]]
+    for r in rows:
+        table.append([r["method"]] + [_fmt(r["phases"][n], 3) for n in names] +
+                     [_fmt(r["iteration_s"], 3), f"{r['overhead_share']:.1%}"])
+    return table
 
 
 def _save_png(image, path: Path) -> None:
@@ -271,8 +353,11 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
             row["seeds"] = len(vals)
         final.append(row)
     speed = speed_table(params, runs)
+    breakdown = iteration_breakdown(runs)
 
     figures = {}
+    if _plot_breakdown(breakdown, out / "iteration.png", "where an iteration's time goes"):
+        figures["iteration breakdown"] = "iteration.png"
     train_key = f"reward/{metrics[0]}/mean"
     for key, title, name in [("reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
                                "reward.png"),
@@ -294,7 +379,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
 
     per_run = _per_run(runs, metrics)
     summary = {"profile": params.profile, "runs": per_run, "paired": paired_differences(per_run, metrics[0]),
-               "final": final, "speed": speed, "figures": figures,
+               "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
                "grid_columns": grid_columns}
@@ -424,7 +509,11 @@ def _markdown(params: Params, summary: dict) -> str:
              markdown_table(_speed_rows(summary)),
              "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
              "for JAGG with no-grad middle steps, W/2 with rollout-velocity reuse. 'measured/ideal gain' is "
-             "(measured − 1)/(ideal − 1).\n"]
+             "(measured − 1)/(ideal − 1).\n",
+             "## Where an iteration's time goes (seconds, mean per iteration)\n",
+             markdown_table(breakdown_rows(summary.get("iteration_breakdown", []))),
+             "Overhead = fidelity monitor + logging + checkpoint + other (what is neither rollout, reward nor the "
+             "update stage).\n"]
     for key, name in summary["figures"].items():
         parts.append(f"## {key}\n\n![{key}]({name})\n")
     return "\n".join(parts)
@@ -452,6 +541,8 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 <h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
 <h2>Speed per iteration</h2>{_html_table(_speed_rows(summary))}
 <p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
+<h2>Where an iteration's time goes (seconds, mean per iteration)</h2>{_html_table(breakdown_rows(summary.get("iteration_breakdown", [])))}
+<p>Overhead = fidelity monitor + logging + checkpoint + other (neither rollout, reward nor the update stage).</p>
 {figs}
 </body></html>
 """

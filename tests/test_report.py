@@ -86,3 +86,25 @@ def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_on
     assert flux.size[0] == 4 * 256 + 5 * 6 and flux.size[1] < 700  # not 11.5k x 5.8k: 256 px cells
     explicit = image_grid(np.zeros((2, 24, 24, 3), np.uint8), ncols=2, scale=6)
     assert explicit.size[0] == 2 * 144 + 3 * 6
+
+
+def test_iteration_breakdown_by_hand(tmp_path):
+    """Each phase's mean over the iterations after the warm-up (absent = 0), "other" the rest, overhead's share."""
+    from jagg_core.report import _Run, iteration_breakdown
+
+    cols = ["iteration", "time/rollout", "time/reward", "time/update", "time/backward", "time/sync", "time/optimizer",
+            "time/fidelity", "time/logging", "time/checkpoint", "time/iteration"]
+    rows = [
+        [1, 9, 9, 9, 9, 0, 0, 9, 0, 0, 99],  # warm-up: left out
+        [2, 1.0, 0.1, 1.5, 1.0, 0.05, 0.05, 0.4, 0.02, 0.0, 3.2],
+        [3, 1.0, 0.1, 1.5, 1.0, 0.05, 0.05, None, 0.02, 0.08, 2.9],  # no fidelity this iteration
+    ]
+    curve = [{c: float(v) for c, v in zip(cols, r) if v is not None} for r in rows]
+    (b,) = iteration_breakdown([_Run("jagg", 0, curve, None)])
+    p = b["phases"]
+    assert b["iteration_s"] == pytest.approx(3.05) and b["iterations"] == 2
+    assert p["update forward"] == pytest.approx(0.5) and p["update backward"] == pytest.approx(1.0)
+    assert p["fidelity monitor"] == pytest.approx(0.2) and p["checkpoint"] == pytest.approx(0.04)
+    assert p["other"] == pytest.approx(3.05 - (1.0 + 0.1 + 0.5 + 1.0 + 0.05 + 0.05 + 0.2 + 0.02 + 0.04))
+    assert b["overhead_s"] == pytest.approx(0.2 + 0.02 + 0.04 + p["other"])
+    assert b["overhead_share"] == pytest.approx(b["overhead_s"] / 3.05)

@@ -168,18 +168,25 @@ def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -
         advantages, rows, finite = _advantages(r, traj, step, metrics)
         _route(r, it, traj, advantages, rows, finite, metrics)
         skipped = _optimizer_steps(r, it, step, traj, advantages, rows, finite, metrics)
-        metrics["time/iteration"] = time.perf_counter() - t_iter
+        t0 = time.perf_counter()
         sink.log_metrics(metrics, step)
         consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
         if r.main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
             k = min(8, traj.batch_size)
             captions = traj.image_prompts()[:k]
             sink.log_image(image_grid(traj.images[:k], captions, ncols=4), "rollout", step)
-        history.append({"iteration": step, **metrics})
-        meter.update(step, metrics)
+        timing = {"time/logging": time.perf_counter() - t0, "time/checkpoint": 0.0}
         # Checkpoint every N iterations and at the end.
         if step % tcfg.checkpoint_every == 0 or step == tcfg.iterations:
+            t0 = time.perf_counter()
             r.last_ckpt = _save(r, step, {k: v for k, v in metrics.items() if not k.startswith("time/")})
+            timing["time/checkpoint"] = time.perf_counter() - t0
+        # The whole iteration, logging and checkpoint included: the phases (time/…) add up to it.
+        timing["time/iteration"] = time.perf_counter() - t_iter
+        sink.log_metrics(timing, step)
+        metrics.update(timing)
+        history.append({"iteration": step, **metrics})
+        meter.update(step, metrics)
     meter.close()
     if start >= tcfg.iterations and r.main:
         log.info("%s already trained for %d iterations; nothing to do", r.name, tcfg.iterations)
@@ -299,6 +306,7 @@ def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajecto
                    keep_velocities=r.method.reuse_rollout_velocity and r.method.mode != "exact",
                    policy_version=r.policy_version)
     metrics["time/rollout"] = time.perf_counter() - t0
+    metrics["sample/window_start"] = traj.train_steps[0]
     return traj
 
 
@@ -369,7 +377,7 @@ def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, 
     world = r.accelerator.num_processes
     t0 = time.perf_counter()
     ustats = UpdateStats()
-    optimizer_time = 0.0
+    optimizer_time = sync_time = 0.0
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
@@ -386,6 +394,8 @@ def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, 
                 next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
             t1 = time.perf_counter()
             r.sync.reduce(r.trainable)
+            t2 = time.perf_counter()
+            sync_time += t2 - t1
             norm = torch.nn.utils.clip_grad_norm_(r.trainable, tcfg.max_grad_norm)
             norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
             nonfinite = not math.isfinite(norm) or not finite or not math.isfinite(ustats.loss)
@@ -395,9 +405,10 @@ def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, 
                 grad_norms.append(norm)
                 _step(r)
             r.optimizer.zero_grad(set_to_none=True)
-            optimizer_time += time.perf_counter() - t1
-    metrics["time/update"] = time.perf_counter() - t0 - optimizer_time
+            optimizer_time += time.perf_counter() - t2
+    metrics["time/update"] = time.perf_counter() - t0 - optimizer_time - sync_time
     metrics["time/backward"] = ustats.backward_seconds
+    metrics["time/sync"] = sync_time
     metrics["time/optimizer"] = optimizer_time
     metrics["train/loss"] = ustats.loss
     for key in ("policy_loss", "approx_kl", "clipfrac", "kl"):
