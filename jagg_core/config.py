@@ -144,12 +144,18 @@ class SampleConfig(_Section):
     num_steps: int = Field(12, ge=2, description="denoising steps T of a rollout")
     noise_level: float = Field(0.7, ge=0, description="SDE noise: Flow-GRPO's a or DanceGRPO's eta")
     sde_kind: Literal["flow_grpo", "dance_grpo"] = Field("flow_grpo", description="SDE form")
-    recipe: Literal["dance_grpo", "flow_grpo_fast"] = Field(
-        "dance_grpo", description="dance_grpo: SDE on all steps; flow_grpo_fast: SDE in a window, ODE elsewhere"
+    recipe: Literal["dance_grpo", "flow_grpo_fast", "mix_grpo"] = Field(
+        "dance_grpo", description="dance_grpo: SDE on all steps; flow_grpo_fast: SDE in a window drawn per rollout, "
+        "ODE elsewhere; mix_grpo: SDE in a window that slides along the trajectory over training, ODE elsewhere"
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
-    sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast: SDE (trained) steps per rollout")
-    sde_window_range: tuple[int, int] = Field((0, 4), description="flow_grpo_fast: [lo, hi) of the window start")
+    sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
+    sde_window_range: tuple[int, int] = Field((0, 4), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+                                              "start")
+    window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
+                                    "(MixGRPO's shift interval)")
+    window_stride: int = Field(1, ge=1, description="mix_grpo: steps the window moves each time; past the range's "
+                               "end it rolls back to its start")
     group_size: int = Field(8, ge=2, description="G: images per prompt")
     prompts_per_iteration: int = Field(4, ge=1, description="prompts per iteration, over all processes")
     shared_noise: bool = Field(True, description="the G images of a prompt start from the same noise")
@@ -158,7 +164,7 @@ class SampleConfig(_Section):
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
         lo, hi = self.sde_window_range
-        if self.recipe == "flow_grpo_fast" and not (0 <= lo < hi and hi - 1 + self.sde_window_size <= self.num_steps):
+        if self.recipe in ("flow_grpo_fast", "mix_grpo") and not (0 <= lo < hi and hi - 1 + self.sde_window_size <= self.num_steps):
             raise ValueError(
                 f"sde_window_range {list(self.sde_window_range)} with sde_window_size {self.sde_window_size} "
                 f"does not fit in num_steps {self.num_steps}"

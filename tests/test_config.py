@@ -66,6 +66,9 @@ def test_method_overrides_apply_only_to_their_method():
         ("- 1\n- 2\n", "params.yaml must be a mapping of sections"),
         ("sample: {recipe: flow_grpo_fast, num_steps: 4, sde_window_size: 4, sde_window_range: [0, 3]}",
          "does not fit in num_steps 4"),
+        ("sample: {recipe: mix_grpo, num_steps: 12, sde_window_size: 4, sde_window_range: [0, 10]}",
+         "does not fit in num_steps 12"),
+        ("sample: {recipe: mix_grpo, window_shift_every: 0}", "window_shift_every"),
     ],
 )
 def test_invalid_values_are_one_sentence(tmp_path, yaml_text, message):
@@ -195,3 +198,17 @@ def test_device_cuda_without_a_visible_gpu_is_one_sentence(monkeypatch):
     with pytest.raises(ParamsError, match=r"^resources.device is 'cuda' but no CUDA device is visible; set it to"):
         pick_device(load_params(REPO / "params.yaml", "ci", {"resources.device": "cuda"}))
     assert pick_device(load_params(REPO / "params.yaml", "ci", {"resources.device": "auto"})).type == "cpu"
+
+
+def test_mix_grpo_window_slides_and_rolls_back():
+    """MixGRPO's progressive window: a stride every `window_shift_every` iterations, back to the start past the end."""
+    import torch
+
+    from jagg_core.config import SampleConfig
+    from jagg_core.trainer.rollout import choose_train_steps
+
+    cfg = SampleConfig(recipe="mix_grpo", num_steps=12, sde_window_size=4, sde_window_range=(0, 9),
+                       window_shift_every=3, window_stride=2)
+    starts = [choose_train_steps(cfg, torch.Generator(), it)[0] for it in range(18)]
+    assert starts == [0] * 3 + [2] * 3 + [4] * 3 + [6] * 3 + [8] * 3 + [0] * 3
+    assert choose_train_steps(cfg, torch.Generator(), 7) == [4, 5, 6, 7]

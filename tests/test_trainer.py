@@ -45,11 +45,16 @@ def test_methods_train_and_count_their_passes(ci_project, method, backwards, gra
         assert h["train/backward_calls"] == backwards
         assert h["train/grad_forwards"] == grad_fwd
         assert h["train/nograd_forwards"] == nograd_fwd
-        for key in ("time/rollout", "time/reward", "time/update", "time/backward", "time/optimizer",
-                    "time/iteration", "train/loss", "train/approx_kl", "train/clipfrac", "train/grad_norm",
-                    "reward/mean", "reward/std", "reward/jpeg_compressibility/mean"):
+        for key in ("time/rollout", "time/reward", "time/update", "time/backward", "time/sync", "time/optimizer",
+                    "time/logging", "time/checkpoint", "time/iteration", "train/loss", "train/approx_kl",
+                    "train/clipfrac", "train/grad_norm", "reward/mean", "reward/std",
+                    "reward/jpeg_compressibility/mean"):
             assert key in h and h[key] == h[key], key
         assert h["time/backward"] < h["time/update"] < h["time/iteration"]
+        # The phases are disjoint parts of the iteration (checkpointed every iteration in ci).
+        phases = ("rollout", "reward", "update", "sync", "optimizer", "fidelity", "logging", "checkpoint")
+        assert sum(h.get(f"time/{k}", 0.0) for k in phases) <= h["time/iteration"]
+        assert h["time/checkpoint"] > 0
     assert any(k.startswith("jagg/cos_jagg/g") for k in res.history[0])  # fidelity monitor (every iteration in ci)
     ckpt = latest_checkpoint(Layout(ci_project, "ci").checkpoints(f"{method}-s0"))
     assert ckpt is not None and ckpt.iteration == params.train.iterations
@@ -59,6 +64,18 @@ def test_methods_train_and_count_their_passes(ci_project, method, backwards, gra
     assert changed > len(base) // 2  # the update really moved the transformer
     curve = (ci_project / "runs/ci" / f"{method}-s0" / "curve.tsv").read_text().splitlines()
     assert len(curve) == 1 + params.train.iterations and curve[0].startswith("iteration\t")
+
+
+def test_mix_grpo_slides_one_jagg_group_along_the_trajectory(ci_project):
+    """MixGRPO: the SDE window (= one JAGG group of W = 3) moves one step every iteration here; JAGG trains it with
+    two graphs and one no-grad middle forward."""
+    params = ci(ci_project, **{"sample.recipe": "mix_grpo", "sample.sde_window_size": 3,
+                               "sample.sde_window_range": [0, 4], "sample.window_shift_every": 1,
+                               "jagg.jagg_frac": 1.0, "train.iterations": 2})
+    res = train(params, "jagg", 0, root=ci_project, progress=False)
+    assert [h["sample/window_start"] for h in res.history] == [0, 1]
+    for h in res.history:
+        assert (h["train/grad_forwards"], h["train/nograd_forwards"], h["train/backward_calls"]) == (2, 1, 1)
 
 
 def test_reuse_drops_the_middle_forwards(ci_project):

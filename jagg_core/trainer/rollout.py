@@ -5,6 +5,11 @@ Two recipes (``sample.recipe``):
   whole groups (``timestep_fraction``).
 - ``flow_grpo_fast``: SDE inside a window of ``sde_window_size`` steps whose start is drawn from
   ``sde_window_range``, ODE elsewhere; only the window is trained (Flow-GRPO-Fast).
+- ``mix_grpo``: SDE inside a window of ``sde_window_size`` steps that slides along the trajectory over training, ODE
+  elsewhere; only the window is trained (MixGRPO, arXiv:2507.21802). The window starts at ``sde_window_range[0]``,
+  moves ``window_stride`` steps every ``window_shift_every`` iterations and rolls back to the start once it would pass
+  ``sde_window_range[1] - 1`` (MixGRPO's progressive strategy with roll-back). With ``sde_window_size`` = ``jagg.window``
+  the window is one JAGG group: 2 graphs instead of W per rollout.
 
 Every random draw comes from a generator seeded by (seed, iteration, global image index), so a rollout does not depend
 on how images are batched or split over processes, and a resumed run repeats it exactly.
@@ -53,11 +58,16 @@ class Trajectory:
         return self.embeds[self.prompt_index[torch.as_tensor(index, dtype=torch.long)]]
 
 
-def choose_train_steps(cfg: SampleConfig, generator: torch.Generator) -> list[int]:
+def choose_train_steps(cfg: SampleConfig, generator: torch.Generator, iteration: int = 0) -> list[int]:
+    """The trained (SDE) steps of the rollout of ``iteration`` (0-based), in denoising order."""
     if cfg.recipe == "dance_grpo":
         return list(range(cfg.num_steps))
     lo, hi = cfg.sde_window_range
-    start = int(torch.randint(lo, hi, (1,), generator=generator))
+    if cfg.recipe == "mix_grpo":  # a function of the iteration alone: a resumed run slides the same way
+        positions = (hi - 1 - lo) // cfg.window_stride + 1
+        start = lo + cfg.window_stride * ((iteration // cfg.window_shift_every) % positions)
+    else:
+        start = int(torch.randint(lo, hi, (1,), generator=generator))
     return list(range(start, start + cfg.sde_window_size))
 
 
@@ -79,7 +89,7 @@ def rollout(
     embeds = policy.encode_prompts(list(prompts))
     prompt_index = torch.arange(p).repeat_interleave(g_size)  # (B,)
     group_ids = torch.as_tensor(list(global_prompt_ids), dtype=torch.long).repeat_interleave(g_size)
-    train_steps = choose_train_steps(cfg, torch.Generator().manual_seed(derive_seed(seed, iteration, -1)))
+    train_steps = choose_train_steps(cfg, torch.Generator().manual_seed(derive_seed(seed, iteration, -1)), iteration)
     levels = [cfg.noise_level if j in train_steps else 0.0 for j in range(cfg.num_steps)]
     image_ids = [int(gid) * g_size + k for gid in global_prompt_ids for k in range(g_size)]
     gens = seeded_generators([derive_seed(seed, iteration, i) for i in image_ids])
