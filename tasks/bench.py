@@ -2,7 +2,7 @@
 
     jagg bench [--model toy|large|both] [--windows 2,4,8] [--fracs 0.6,1.0] [--repeats 7] [--batch N] [--steps T]
                [--threads N] [--no-memory] [--no-comm] [--out bench/] [--write-docs docs/benchmarks.md]
-               [--profile NAME] [--no-mlflow]
+               [--profile NAME] [--no-mlflow] [--main-job reports/toy]
 
 Built-in models (random weights): `toy`, the embedded default's geometry, and `large`, a Flux-shaped ~36 M-parameter
 transformer. `--profile NAME` benchmarks that profile's real policy instead (its weights, its device: a GPU for
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from jagg_core.bench import (BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, run_bench, save_result,
-                             write_markdown)
+from jagg_core.bench import (BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, read_main_job, run_bench,
+                             save_result, write_markdown)
 from jagg_core.config import Params
 
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
@@ -48,7 +48,7 @@ def _tracker(params: Params, root: Path):
 
 def _metrics(result: dict) -> dict[str, float]:
     """The run's numbers as MLflow metrics, namespaced like the trainer's (``time/…``, ``jagg/…``)."""
-    m: dict[str, float] = {f"time/{k}": p["median"] for k, p in result["primitives"].items()}
+    m: dict[str, float] = {f"time/{k}": p["median"] for k, p in result["primitives"].items() if isinstance(p, dict)}
     for c in result["cells"]:
         m[f"time/update/{c['key']}"] = c["time"]["median"]
         m[f"bench/speedup/{c['key']}"] = c["speedup"]
@@ -85,7 +85,7 @@ def _log_mlflow(tracker: Any, result: dict, path: Path, sweep: str = DEFAULT_SWE
 def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",), profile: bool = False,
           root: Path = ROOT, out: str | Path = "bench", write_docs: str | Path | None = None, mlflow: bool = True,
           params_path: str | Path | None = None, progress: bool = True,
-          sweep: str = DEFAULT_SWEEP) -> list[Path]:
+          sweep: str = DEFAULT_SWEEP, main_job: str | Path | None = None) -> list[Path]:
     """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
     weights); returns the JSON files written under ``root / out``."""
     from jagg_core.build import pick_device
@@ -93,6 +93,7 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     cfg.validate()
     log = stage_logger("bench")
     root = Path(root)
+    job = {**read_main_job(root / main_job), "label": str(main_job)} if main_job else None  # fails before the work
     device = str(pick_device(params))
     specs = ([profile_spec(params, device=device, params_path=params_path or root / "params.yaml", root=root)]
              if profile else [model_spec(m, params, device=device) for m in models])
@@ -107,7 +108,7 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
         results.append(result)
         paths.append(path)
     if write_docs:
-        log.info("bench: %s", write_markdown(results, root / write_docs))
+        log.info("bench: %s", write_markdown(results, root / write_docs, main_job=job))
     return paths
 
 
@@ -134,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench", help="folder of the JSON results, repository-relative (default bench)")
     ap.add_argument("--write-docs", default=None, metavar="PATH", help="also write the markdown tables here")
     ap.add_argument("--no-mlflow", action="store_true", help="do not log to MLflow")
+    ap.add_argument("--main-job", default=None, metavar="REPORT_DIR",
+                    help="with --write-docs: add the iteration breakdown of a finished run's report, e.g. reports/toy")
     args = ap.parse_args(argv)
 
     if args.profile and args.model:
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                       batch=args.batch, steps=args.steps, threads=threads, memory=not args.no_memory,
                       comm=not args.no_comm)
     bench(params, cfg, models=models, profile=bool(args.profile), out=args.out, write_docs=args.write_docs,
-          mlflow=not args.no_mlflow, params_path=args.params, sweep=args.sweep)
+          mlflow=not args.no_mlflow, params_path=args.params, sweep=args.sweep, main_job=args.main_job)
     return 0
 
 

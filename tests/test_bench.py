@@ -42,7 +42,9 @@ def test_json_structure(tiny):
             "comm"} <= set(r)
     assert r["machine"]["threads"] == 1 and r["machine"]["cpu"] and r["machine"]["torch"]
     assert r["model"]["spec"]["geometry"]["image_size"] == 24 and r["model"]["weights"] == "random"
-    assert set(r["primitives"]) == {"forward_nograd", "forward_grad", "backward"}
+    assert set(r["primitives"]) == {"forward_nograd", "forward_grad", "backward", "forward_grad_batched",
+                                    "backward_batched", "rollout", "optimizer_step", "batched_steps"}
+    assert r["primitives"]["batched_steps"] == max(WINDOWS)
     variants = {(c["variant"], c["window"], c["jagg_frac"]) for c in r["cells"]}
     assert ("exact", 4, None) in variants
     for w in WINDOWS:
@@ -65,10 +67,58 @@ def test_json_structure(tiny):
     assert r["memory"] == {"skipped": "--no-memory"} and r["comm"] == {"skipped": "--no-comm"}
     docs = (root / "docs" / "benchmarks.md").read_text()
     for heading in ("## Machine", "### Update time per micro-batch", "### Speed vs gradient fidelity",
-                    "### Peak memory", "### Communication", "| any | — | exact |", "## Reproduce"):
+                    "### Peak memory", "### Communication", "| any | — | exact |", "## Reproduce",
+                    "### Batched forwards vs fewer backward passes", "### The whole iteration",
+                    "#### MixGRPO's sliding window as one JAGG group", "measured/ideal (per call)",
+                    "](bench/iteration-toy.png)"):
         assert heading in docs
     assert "jagg bench --model toy --windows" in docs and "--write-docs docs/benchmarks.md" in docs
     assert "Settings: a stored rollout of" in docs
+    assert (root / "docs" / "bench" / "iteration-toy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_per_call_cost_model_by_hand():
+    """The extended model prices counted calls: per-step exact, exact-batched and JAGG-joint at W = 4."""
+    from jagg_core.bench.timing import call_cost, call_cost_model
+
+    prim = {"forward_nograd": {"median": 0.5}, "forward_grad": {"median": 1.5}, "backward": {"median": 3.0},
+            "forward_grad_batched": {"median": 4.5}, "backward_batched": {"median": 9.0}, "batched_steps": 4}
+    coef = call_cost_model(prim)  # forward 0.5 + n·1.0, backward 1.0 + n·2.0
+    assert coef == pytest.approx({"f0": 0.5, "c_f": 0.5, "s_f": 1.0, "c_b": 1.0, "s_b": 2.0, "batched_steps": 4})
+    exact = [{"grad_forwards": 1, "forward_calls": 1, "nograd_forwards": 0, "backward_calls": 1}] * 4
+    batched = [{"grad_forwards": 4, "forward_calls": 1, "nograd_forwards": 0, "backward_calls": 1}]
+    joint = [{"grad_forwards": 2, "forward_calls": 3, "nograd_forwards": 2, "backward_calls": 1}]
+    assert call_cost(exact, coef) == pytest.approx(4 * (1.5 + 3.0))
+    assert call_cost(batched, coef) == pytest.approx(0.5 + 4 + 1 + 8)
+    assert call_cost(joint, coef) == pytest.approx(2 * 0.5 + 0.5 + 2 + 1 + 4)
+    # Without per-call cost the model is the plain one: batching buys nothing, JAGG 3W/(W + 4).
+    flat = call_cost_model({**prim, "forward_grad_batched": {"median": 6.0}, "backward_batched": {"median": 12.0},
+                            "forward_nograd": {"median": 1.5}})
+    assert call_cost(exact, flat) == pytest.approx(call_cost(batched, flat))
+    assert call_cost(exact, flat) / call_cost(joint, flat) == pytest.approx(18 / 12)
+
+
+def test_per_call_ideal_and_the_iteration(tiny):
+    _, _, r = tiny
+    from jagg_core.bench.timing import call_cost
+
+    exact = next(c for c in r["cells"] if c["mode"] == "exact")
+    for c in r["cells"]:
+        want = call_cost(exact["per_group"], r["cost_model"]) / call_cost(c["per_group"], r["cost_model"])
+        assert c["ideal_calls_speedup"] == pytest.approx(want)
+        assert math.isclose(c["measured_over_ideal_calls"], c["speedup"] / c["ideal_calls_speedup"])
+    it = r["iteration"]
+    roll, opt = r["primitives"]["rollout"]["median"], r["primitives"]["optimizer_step"]["median"]
+    for b in it["breakdown"]:
+        c = next(x for x in r["cells"] if x["key"] == b["key"])
+        assert b["iteration_s"] == pytest.approx(roll + c["time"]["median"] + opt)
+        assert sum(b["phases"].values()) == pytest.approx(b["iteration_s"])
+    # MixGRPO: one window of W steps per iteration, each cell's time over its T / W groups.
+    mix = {(m["window"], m["variant"]): m for m in it["mix_grpo"]}
+    assert {(4, "exact"), (4, "exact-batched"), (4, "jagg-joint"), (4, "jagg-reuse"), (2, "jagg-joint")} <= set(mix)
+    assert mix[(4, "exact")]["iteration_speedup"] == pytest.approx(1.0)
+    joint = cell(r, "jagg-joint", 4, 1.0)
+    assert mix[(4, "jagg-joint")]["update_s"] == pytest.approx(joint["time"]["median"] * 4 / T)
 
 
 # (with-grad forwards, forward calls, no-grad forwards, reused velocities, backward calls) per routed group

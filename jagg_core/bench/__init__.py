@@ -8,7 +8,7 @@
 - :mod:`.run`: one model's whole run as a JSON dict; :mod:`.markdown`: ``docs/benchmarks.md``.
 """
 
-from .markdown import render_markdown, write_markdown
+from .markdown import read_main_job, render_markdown, write_markdown
 from .models import (BENCH_METHODS, BUILTIN_MODELS, BenchError, ModelSpec, bench_method, build_policy, make_experience,
                      model_spec, profile_spec)
 from .run import BenchConfig, machine_info, run_bench, save_result
@@ -25,6 +25,7 @@ __all__ = [
     "make_experience",
     "model_spec",
     "profile_spec",
+    "read_main_job",
     "render_markdown",
     "run_bench",
     "save_result",

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from ..report import markdown_table
 
-__all__ = ["render_markdown", "write_markdown"]
+__all__ = ["read_main_job", "render_markdown", "write_markdown"]
 
 
 def _s(x: float | None) -> str:
@@ -57,16 +57,114 @@ def _command(r: dict, model_flag: str | None = None) -> str:
 
 def _speed(r: dict) -> list[str]:
     rows = []
+    calls = "ideal_calls_speedup" in r["cells"][0]
     for c in r["cells"]:
         t = c["time"]
         rows.append([
             "any" if c["mode"] == "exact" else c["window"], "—" if c["jagg_frac"] is None else f"{c['jagg_frac']:g}",
             c["variant"], _s(t["median"]), f"{_s(t['q1'])}–{_s(t['q3'])}", f"{_s(t['min'])}–{_s(t['max'])}",
             _x(c["speedup"]), _x(c.get("speedup_vs_batched")), _x(c["ideal_speedup"]),
-            f"{c['measured_over_ideal']:.2f}", _x(c["textbook_speedup"]),
-        ])
+            f"{c['measured_over_ideal']:.2f}",
+        ] + ([_x(c["ideal_calls_speedup"]), f"{c['measured_over_ideal_calls']:.2f}"] if calls else []) + [
+            _x(c["textbook_speedup"])])
     return _table(["W", "jagg_frac", "variant", "median s", "IQR s", "min–max s", "speedup", "vs exact-batched",
-                   "ideal", "measured/ideal", "textbook"], rows)
+                   "ideal", "measured/ideal"] + (["ideal (per call)", "measured/ideal (per call)"] if calls else []) +
+                  ["textbook"], rows)
+
+
+def _cost_model(r: dict) -> list[str]:
+    cm = r.get("cost_model")
+    if not cm:
+        return []
+    return [f"Extended (per-call) cost model, fitted through the 1-step and the {cm['batched_steps']}-step "
+            f"measurements of a with-grad forward and its backward: a forward call of n steps costs "
+            f"{_s(cm['c_f'])} + n·{_s(cm['s_f'])} s, a backward over n steps' graphs {_s(cm['c_b'])} + n·"
+            f"{_s(cm['s_b'])} s, a no-grad forward f0 = {_s(cm['f0'])} s. *Ideal (per call)* prices every cell's "
+            "counted calls with it, so it predicts the batched variants too (exact-batched included).", ""]
+
+
+def _decomposition(r: dict) -> list[str]:
+    """Per W at jagg_frac 1: exact → exact-batched (batched forwards alone) → JAGG (fewer backward passes)."""
+    exact = next(c for c in r["cells"] if c["mode"] == "exact")
+    rows = []
+    for w in sorted({c["window"] for c in r["cells"] if c["variant"] == "exact-batched"}):
+        eb = next(c for c in r["cells"] if c["variant"] == "exact-batched" and c["window"] == w)
+        for name in ("jagg-joint", "jagg-reuse"):
+            c = next((x for x in r["cells"] if x["variant"] == name and x["window"] == w and x["jagg_frac"] == 1.0),
+                     None)
+            if c is None:
+                continue
+            batching = exact["time"]["median"] / eb["time"]["median"]
+            best = max(1.0, batching)
+            rows.append([w, name, _x(batching), _x(c["speedup_vs_batched"]), _x(c["speedup"]),
+                         _x(c["speedup"] / best)])
+    return ["The measured gain split in two, at jagg_frac 1: *batched forwards* is exact-batched over per-step exact "
+            "(the same work in fewer calls); *fewer backward passes* is the variant over exact-batched (both batched "
+            "alike). Their product is the speedup over per-step exact; the last column is the variant against the "
+            "better of the two exact baselines.", ""] + _table(
+        ["W", "variant", "batched forwards", "fewer backward passes", "speedup vs exact", "vs best exact"], rows)
+
+
+ITERATION_PHASES = ("rollout", "update forward", "update backward", "optimizer")
+
+
+def _iteration(r: dict, figure: str | None) -> list[str]:
+    it = r.get("iteration")
+    if not it:
+        return []
+    rows = [[b["key"]] + [_s(b["phases"][k]) for k in ITERATION_PHASES] + [_s(b["iteration_s"]),
+            f"{(b['phases']['update forward'] + b['phases']['update backward']) / b['iteration_s']:.0%}"]
+            for b in it["breakdown"]]
+    out = [f"One iteration of one micro-batch from the parts timed above: a rollout over all {it['rollout_steps']} "
+           "steps, the update (every group routed), one AdamW step (the reward is the profile's own and not part of "
+           "this model: on the main job it is < 1% of an iteration, see the report's breakdown).", ""]
+    if figure:
+        out += [f"![iteration breakdown of {r['model']['name']}]({figure})", ""]
+    out += _table(["cell"] + list(ITERATION_PHASES) + ["iteration s", "update share"], rows)
+    mix = [[m["window"], m["variant"], _s(m["update_s"]), _s(m["iteration_s"]), _x(m["iteration_speedup"]),
+            _x(m["iteration_speedup_vs_best_exact"])] for m in it["mix_grpo"]]
+    out += ["#### MixGRPO's sliding window as one JAGG group", "",
+            f"MixGRPO (arXiv:2507.21802) samples with the SDE on a window of W steps only (ODE elsewhere) and trains "
+            f"that window; with `sample.recipe: mix_grpo` and `jagg.window` = W the window is one JAGG group. "
+            f"An iteration here: the rollout of {it['rollout_steps']} steps, the update of one group of W steps (the "
+            "cell's median over its groups), one optimizer step.", ""]
+    out += _table(["W", "update of the window", "update s", "iteration s", "iteration speedup",
+                   "vs best exact"], mix)
+    return out
+
+
+def _plot_iteration(r: dict, path: Path) -> bool:
+    it = r.get("iteration")
+    if not it:
+        return False
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..storage import atomic_write_bytes
+
+    rows = it["breakdown"]
+    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(rows) + 1.6), dpi=110)
+    ys = list(range(len(rows)))[::-1]
+    left = [0.0] * len(rows)
+    for i, name in enumerate(ITERATION_PHASES):
+        widths = [b["phases"][name] for b in rows]
+        ax.barh(ys, widths, left=left, color=f"C{[0, 2, 3, 5][i]}", label=name, height=0.6)
+        left = [a + w for a, w in zip(left, widths)]
+    ax.set_yticks(ys, [b["key"] for b in rows], fontsize=7)
+    ax.set_xlabel("seconds per iteration (one micro-batch)")
+    ax.set_title(f"model {r['model']['name']}: where an iteration's time goes")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return True
 
 
 def _work(r: dict) -> list[str]:
@@ -142,7 +240,7 @@ def _comm(r: dict) -> list[str]:
     ]
 
 
-def render_markdown(results: Sequence[dict]) -> str:
+def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = None) -> str:
     """The whole page for one or more models of the same run."""
     lines = [
         "# Update-stage benchmark: exact vs JAGG vs ablate", "",
@@ -176,12 +274,15 @@ def render_markdown(results: Sequence[dict]) -> str:
             _settings(r), "",
             f"Primitive costs at batch {r['config']['batch']} (medians): no-grad forward f0 = {_s(f0)} s, with-grad "
             f"forward f = {_s(f)} s, backward b = {_s(b)} s (b/f = {b / f:.2f}).", "",
-            "### Update time per micro-batch", "", *_speed(r),
+            "### Update time per micro-batch", "", *_speed(r), *_cost_model(r),
+            "### Batched forwards vs fewer backward passes", "", *_decomposition(r),
             "### Work per routed group (GroupStats)", "", *_work(r),
             "### Speed vs gradient fidelity", "", *_fidelity(r),
             "### Peak memory", "", *_memory(r),
             "### Communication", "", *_comm(r),
         ]
+        if r.get("iteration"):
+            lines += ["### The whole iteration", "", *_iteration(r, (figures or {}).get(m["name"]))]
     same = len({json.dumps(r["config"], sort_keys=True) for r in results}) == 1
     builtin = all(r["model"]["kind"] != "profile" for r in results)
     if len(results) > 1 and same and builtin:
@@ -202,8 +303,54 @@ def render_markdown(results: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_markdown(results: Sequence[dict], path: str | Path) -> Path:
+def read_main_job(report_dir: str | Path) -> dict:
+    """The iteration breakdown of a finished `jagg run` (its report's summary.json); one sentence if there is none."""
+    from .models import BenchError
+
+    path = Path(report_dir) / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise BenchError(f"--main-job {report_dir}: no readable report summary at {path}; run `jagg run` (or "
+                         "`make run`) first, or leave --main-job out.") from None
+    if not summary.get("iteration_breakdown") or not (Path(report_dir) / "iteration.png").exists():
+        raise BenchError(f"--main-job {report_dir}: the report has no iteration breakdown (written by an older "
+                         "jagg); rerun its report stage.")
+    return {"profile": summary["profile"], "dir": str(report_dir), "breakdown": summary["iteration_breakdown"],
+            "speed": summary.get("speed", [])}
+
+
+def _main_job(job: dict, figure: str) -> list[str]:
+    from ..report import breakdown_rows
+
+    worst = max(b["overhead_share"] for b in job["breakdown"])
+    return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
+            "Each phase as the trainer times it in every iteration (`time/…` in curve.tsv and MLflow; the first "
+            "iteration, warm-up, excluded), mean seconds per iteration. Overhead = fidelity monitor + logging + "
+            f"checkpoint + other (neither rollout, reward nor the update stage): at most {worst:.1%} here. Added by "
+            f"`jagg bench … --write-docs docs/benchmarks.md --main-job {job.get('label', job['dir'])}` after `make run`.", "",
+            f"![iteration breakdown of the main job]({figure})", "",
+            *markdown_table(breakdown_rows(job["breakdown"])).splitlines(), ""]
+
+
+def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | None = None) -> Path:
+    """The page, and beside it ``bench/iteration-<model>.png`` per model (the iteration's stacked bar); with
+    ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure."""
+    import shutil
+
     from ..storage import atomic_write_text
 
-    atomic_write_text(path, render_markdown(results))
-    return Path(path)
+    path = Path(path)
+    figures = {}
+    for r in results:
+        rel = f"bench/iteration-{r['model']['name']}.png"
+        if _plot_iteration(r, path.parent / rel):
+            figures[r["model"]["name"]] = rel
+    text = render_markdown(results, figures)
+    if main_job:
+        rel = "bench/iteration-main-job.png"
+        shutil.copyfile(Path(main_job["dir"]) / "iteration.png", path.parent / rel)
+        head, sep, tail = text.partition("## Reproduce")
+        text = head + "\n".join(_main_job(main_job, rel)) + "\n" + sep + tail
+    atomic_write_text(path, text)
+    return path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import math
 import os
 import platform
 from dataclasses import asdict, dataclass
@@ -20,11 +21,12 @@ from typing import Callable
 import torch
 
 from .models import BenchError, ModelSpec, bench_method, build_policy, fits, make_experience
-from .timing import fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup, time_cells
+from .timing import (call_cost, call_cost_model, fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup,
+                     time_cells)
 
 __all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VARIANTS", "SCHEMA"]
 
-SCHEMA = 1
+SCHEMA = 2  # 2: batched primitives, rollout and optimizer step, the per-call cost model, the iteration
 MEMORY_VARIANTS = ("exact", "jagg-joint", "jagg-sequential", "ablate", "jagg-reuse")
 FIDELITY_MAX_PARAMS = 300_000_000  # gradient_fidelity holds three float64 copies of the flat gradient
 
@@ -106,11 +108,14 @@ def machine_info(device: torch.device) -> dict:
     return info
 
 
-def _analyse(cells: list[dict], prim: dict, steps: int) -> None:
-    """Speedup over exact (medians of the same run), the ideal from measured costs, and their ratio."""
+def _analyse(cells: list[dict], prim: dict, steps: int) -> dict:
+    """Speedup over exact (medians of the same run), the ideal from measured costs, and their ratio; the same under the
+    extended (per-call) cost model. Returns that model's coefficients."""
     exact = next(c for c in cells if c["mode"] == "exact")
     batched = {c["window"]: c for c in cells if c["variant"] == "exact-batched"}
     f0, f, b = (prim[k]["median"] for k in ("forward_nograd", "forward_grad", "backward"))
+    coef = call_cost_model(prim)
+    exact_calls = call_cost(exact["per_group"], coef)
     for c in cells:
         # Against the strongest exact baseline too: the same W, every step in one forward call and one backward.
         eb = batched.get(c["window"])
@@ -119,10 +124,43 @@ def _analyse(cells: list[dict], prim: dict, steps: int) -> None:
         c["speedup"] = exact["time"]["median"] / c["time"]["median"]
         c["ideal_speedup"] = steps * (f + b) / ideal_cost(c["per_group"], m, f0=f0, f=f, b=b)
         c["measured_over_ideal"] = c["speedup"] / c["ideal_speedup"]
+        c["ideal_calls_speedup"] = exact_calls / call_cost(c["per_group"], coef)
+        c["measured_over_ideal_calls"] = c["speedup"] / c["ideal_calls_speedup"]
         c["textbook_speedup"] = textbook_speedup(c["per_group"], m)
         routed = [g for g in c["per_group"] if g["mode"] == c["mode"]]
         c["counts_per_group"] = ({k: x for k, x in routed[0].items() if k not in ("position", "mode")} if routed
                                  else None)
+    return coef
+
+
+def _iteration(cells: list[dict], prim: dict, steps: int) -> dict:
+    """A GRPO iteration of one micro-batch built from measured parts: the rollout (all ``steps`` steps), the update
+    (forward and backward, per method, every group routed) and one optimizer step; and MixGRPO's iteration, whose
+    sliding window of W steps is the only trained group: the same rollout, the update of one group (the cell's time
+    over its ``steps / W`` groups) and the optimizer step."""
+    roll, opt = prim["rollout"]["median"], prim["optimizer_step"]["median"]
+    full = [c for c in cells if c["jagg_frac"] in (None, 1.0)]
+    breakdown = []
+    for c in full:
+        t, bwd = c["time"]["median"], c["backward_time"]["median"]
+        breakdown.append({"key": c["key"], "variant": c["variant"], "window": c["window"],
+                          "phases": {"rollout": roll, "update forward": t - bwd, "update backward": bwd,
+                                     "optimizer": opt},
+                          "iteration_s": roll + t + opt})
+    mix = []
+    for w in sorted({c["window"] for c in full if c["mode"] != "exact"}):
+        per_group = {}
+        for c in full:
+            if c["mode"] == "exact" or c["window"] == w:
+                per_group[c["variant"]] = c["time"]["median"] * w / steps
+        base = roll + per_group["exact"] + opt
+        best = roll + min(per_group["exact"], per_group.get("exact-batched", math.inf)) + opt
+        for variant, t in per_group.items():
+            it = roll + t + opt
+            mix.append({"window": w, "variant": variant, "update_s": t, "iteration_s": it,
+                        "iteration_speedup": base / it, "iteration_speedup_vs_best_exact": best / it,
+                        "update_share": t / it})
+    return {"rollout_steps": steps, "breakdown": breakdown, "mix_grpo": mix}
 
 
 def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], None] | None = None) -> dict:
@@ -157,7 +195,8 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
     w_max = max(cfg.windows)
     cells, prim = time_cells(policy, exp, plan_cells(cfg.windows, cfg.fracs, cfg.anchors), repeats=cfg.repeats,
                              seed=cfg.seed, progress=lambda m: say(f"{spec.name}: timing {m}"))
-    _analyse(cells, prim, cfg.steps)
+    cost_model = _analyse(cells, prim, cfg.steps)
+    iteration = _iteration(cells, prim, cfg.steps)
 
     # Speed vs fidelity: K anchors at the largest W.
     if n_params > FIDELITY_MAX_PARAMS:
@@ -205,7 +244,9 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
         "config": {**asdict(cfg), "anchors": list(cfg.anchors)},
         "machine": machine,
         "primitives": prim,
+        "cost_model": cost_model,
         "cells": cells,
+        "iteration": iteration,
         "fidelity": fidelity,
         "memory": memory,
         "comm": comm,

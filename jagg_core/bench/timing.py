@@ -23,11 +23,12 @@ from ..config import ResolvedMethod
 from ..jagg import Group
 from ..cost import update_cost
 from ..policies.base import Policy
+from ..trainer.rollout import rollout
 from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
 from .models import Experience, bench_method, fits, run_update, update_groups, zero_grads
 
-__all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "textbook_speedup", "fidelity_by_anchors",
-           "COUNT_KEYS"]
+__all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "call_cost", "call_cost_model",
+           "textbook_speedup", "fidelity_by_anchors", "COUNT_KEYS", "PRIMITIVES"]
 
 COUNT_KEYS = ("grad_forwards", "forward_calls", "nograd_forwards", "reused_velocities", "backward_calls")
 
@@ -81,8 +82,10 @@ def _counts(stats: UpdateStats) -> dict[str, int]:
     return {k: int(getattr(stats, k)) for k in COUNT_KEYS}
 
 
-def _primitives_once(policy: Policy, velocity: Callable[[int], torch.Tensor]) -> tuple[float, float, float]:
-    """(f0, f, b): one no-grad forward, one with-grad forward, one backward of the policy on one stored step."""
+def _primitives_once(policy: Policy, velocity: Callable[[int], torch.Tensor],
+                     velocity_batch: Callable[[Sequence[int]], list[torch.Tensor]], n: int) -> tuple[float, ...]:
+    """(f0, f, b, f_n, b_n): one no-grad forward, one with-grad forward, one backward of the policy on one stored
+    step; then a with-grad forward and its backward of ``n`` stored steps in one call (the batched case)."""
     dev = policy.device
     with torch.no_grad():
         t0 = _clock(dev)
@@ -97,7 +100,18 @@ def _primitives_once(policy: Policy, velocity: Callable[[int], torch.Tensor]) ->
     b = _clock(dev) - t0
     del v
     zero_grads(policy)
-    return f0, f, b
+    t0 = _clock(dev)
+    vs = velocity_batch(list(range(n)))
+    fn = _clock(dev) - t0
+    t0 = _clock(dev)
+    torch.autograd.backward(vs, [torch.ones_like(x) for x in vs])
+    bn = _clock(dev) - t0
+    del vs
+    zero_grads(policy)
+    return f0, f, b, fn, bn
+
+
+PRIMITIVES = ("forward_nograd", "forward_grad", "backward", "forward_grad_batched", "backward_batched")
 
 
 def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeats: int, seed: int,
@@ -110,11 +124,39 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
     step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
     velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample, train=exp.train,
                              scale=1.0, autocast=contextlib.nullcontext).velocity
+    n_batched = max(c.window for c in cells)
+    velocity_batch = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, exp.traj.train_steps[:n_batched],
+                                   sample=exp.sample, train=exp.train, scale=1.0,
+                                   autocast=contextlib.nullcontext).velocity_batch
+    optimizer = torch.optim.AdamW(list(policy.trainable_parameters()), lr=1e-12, weight_decay=0.0)  # zero grads: no change
     plans: dict[str, tuple[ResolvedMethod, list[Group]]] = {}
     results: dict[str, dict] = {}
 
+    def primitives() -> tuple[float, ...]:
+        return _primitives_once(policy, velocity, velocity_batch, n_batched)
+
+    def rollout_once() -> float:
+        """A rollout of the experience's images over all its steps, as the trainer samples (no velocities kept)."""
+        traj = exp.traj
+        t0 = _clock(dev)
+        rollout(policy, traj.prompts, list(range(len(traj.prompts))), exp.sample, seed=seed, iteration=1)
+        return _clock(dev) - t0
+
+    def optimizer_once() -> float:
+        """One AdamW step over every trainable parameter (gradients present, as after an update)."""
+        params = list(policy.trainable_parameters())
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        t0 = _clock(dev)
+        optimizer.step()
+        out = _clock(dev) - t0
+        zero_grads(policy)
+        return out
+
     # Warm-up: each group once on its own, which also gives the per-group counts from GroupStats.
-    _primitives_once(policy, velocity)
+    primitives()
+    rollout_once()
+    optimizer_once()
     for i, cell in enumerate(cells):
         m = bench_method(cell.variant, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
         groups = update_groups(exp, m)
@@ -133,14 +175,20 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
 
     # Timed rounds: every cell once per round, in a shuffled order.
     rng = random.Random(seed)
-    prim: dict[str, list[float]] = {"forward_nograd": [], "forward_grad": [], "backward": []}
+    prim: dict[str, list[float]] = {name: [] for name in (*PRIMITIVES, "rollout", "optimizer_step")}
     for r in range(repeats):
-        order = [c.key for c in cells] + ["primitives"]
+        order = [c.key for c in cells] + ["primitives", "rollout", "optimizer"]
         rng.shuffle(order)
         for key in order:
             if key == "primitives":
-                for name, x in zip(prim, _primitives_once(policy, velocity)):
+                for name, x in zip(PRIMITIVES, primitives()):
                     prim[name].append(x)
+                continue
+            if key == "rollout":
+                prim["rollout"].append(rollout_once())
+                continue
+            if key == "optimizer":
+                prim["optimizer_step"].append(optimizer_once())
                 continue
             m, groups = plans[key]
             zero_grads(policy)
@@ -158,7 +206,10 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
         res["time"] = summarize(res.pop("samples"))
         res["backward_time"] = summarize(res.pop("backward_seconds"))
         out.append(res)
-    return out, {k: summarize(x) for k, x in prim.items()}
+    del optimizer
+    out_prim = {k: summarize(x) for k, x in prim.items()}
+    out_prim["batched_steps"] = n_batched
+    return out, out_prim
 
 
 def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, f: float, b: float) -> float:
@@ -170,6 +221,32 @@ def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, 
         k = w if g["mode"] == "exact" else min(method.anchors, w)
         nograd = 0 if g["mode"] == "exact" or method.reuse_rollout_velocity else w - k
         total += update_cost(grad_forwards=k, nograd_forwards=nograd, f0=f0, f=f, b=b)
+    return total
+
+
+def call_cost_model(prim: dict) -> dict[str, float]:
+    """The extended cost model's coefficients from the measured primitives: a with-grad forward call of n stored steps
+    costs ``c_f + n·s_f``, a backward over n steps' graphs ``c_b + n·s_b`` (per-call cost + per-step cost, fitted
+    through the 1-step and the ``batched_steps`` measurements; a negative per-call cost from noise is taken as 0), a
+    no-grad forward of one step f0."""
+    n = prim["batched_steps"]
+    f1, fn = prim["forward_grad"]["median"], prim["forward_grad_batched"]["median"]
+    b1, bn = prim["backward"]["median"], prim["backward_batched"]["median"]
+    s_f, s_b = (fn - f1) / (n - 1), (bn - b1) / (n - 1)
+    c_f, c_b = max(0.0, f1 - s_f), max(0.0, b1 - s_b)
+    return {"f0": prim["forward_nograd"]["median"], "c_f": c_f, "s_f": f1 - c_f, "c_b": c_b, "s_b": b1 - c_b,
+            "batched_steps": n}
+
+
+def call_cost(per_group: Sequence[dict], coef: dict[str, float]) -> float:
+    """A cell's update time under the extended model, from its counted calls: no-grad forwards (one step each),
+    with-grad forward calls (the anchors of a joint group share one), backward calls (one per joint group)."""
+    total = 0.0
+    for g in per_group:
+        nograd = g["nograd_forwards"]
+        grad_calls = g["forward_calls"] - nograd
+        total += (nograd * coef["f0"] + grad_calls * coef["c_f"] + g["grad_forwards"] * coef["s_f"] +
+                  g["backward_calls"] * coef["c_b"] + g["grad_forwards"] * coef["s_b"])
     return total
 
 
