@@ -29,10 +29,14 @@ def _weights_digest(tensors) -> str:
     return h.hexdigest()
 
 
+# Columns logged since the reference was recorded; they add information and change no other number.
+ADDED_SINCE = {"sample/window_start"}
+
+
 def _curve_digest(path: Path) -> str:
-    """The curve without its wall-clock columns (time/…), which no two runs share."""
+    """The curve without its wall-clock columns (time/…), which no two runs share, and without :data:`ADDED_SINCE`."""
     rows = list(csv.DictReader(io.StringIO(path.read_text()), delimiter="\t"))
-    keep = sorted(k for k in rows[0] if not k.startswith("time/"))
+    keep = sorted(k for k in rows[0] if not k.startswith("time/") and k not in ADDED_SINCE)
     return hashlib.sha256(json.dumps([[r[k] for k in keep] for r in rows]).encode()).hexdigest()
 
 
