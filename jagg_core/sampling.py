@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -47,8 +48,11 @@ def denoise(
     sde_kind: str = "flow_grpo",
     generators: Sequence[torch.Generator] | None = None,
     keep_velocities: Sequence[int] = (),
+    autocast: Callable[[], object] = contextlib.nullcontext,
 ) -> Denoised:
-    """Run the sampler from ``noise`` (B, *latent); ``noise_level`` per step (0 = ODE step)."""
+    """Run the sampler from ``noise`` (B, *latent); ``noise_level`` per step (0 = ODE step). ``autocast`` wraps each
+    policy call: the trainer passes the update's own, so that under mixed precision the rollout's log-probs and
+    velocities come from the same precision as the update's (the first PPO ratio is exactly 1)."""
     sched = policy.schedule(num_steps)
     levels = [float(noise_level)] * num_steps if np.isscalar(noise_level) else [float(x) for x in noise_level]
     z = noise.to(policy.device, torch.float32)
@@ -56,7 +60,8 @@ def denoise(
     latents, log_probs, kept = [z], [], {}
     for j in range(num_steps):
         t = sched.timesteps[j].to(device=policy.device, dtype=torch.float32).expand(b)
-        v = policy.velocity(z, t, embeds)
+        with autocast():
+            v = policy.velocity(z, t, embeds)
         step = sde_step_with_logprob(
             z, v, float(sched.sigmas[j]), float(sched.sigmas[j + 1]), noise_level=levels[j], kind=sde_kind,
             generator=generators,

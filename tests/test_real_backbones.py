@@ -376,3 +376,52 @@ def test_bad_options_are_refused(tiny_dir):
         load(tiny_dir, "sd3", lora={"ranks": 2})
     with pytest.raises(PolicyError, match=r"model.lora.target_modules \['to_qkv'\] match no module"):
         load(tiny_dir, "sd3", lora={"rank": 2, "target_modules": ["to_qkv"]})
+
+
+def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
+    """The trainer's update (accumulate_gradients) of every trained step under CPU bf16 autocast, at the first
+    optimizer step (policy = rollout policy); returns its stats."""
+    from jagg_core.config import ResolvedMethod, SampleConfig, TrainConfig
+    from jagg_core.jagg import plan_groups
+    from jagg_core.trainer.distributed import NoSync
+    from jagg_core.trainer.update import accumulate_gradients
+
+    mode = "exact" if method_name == "exact" else "jagg"
+    method = ResolvedMethod(name=method_name, mode=mode, window=4, jagg_frac=1.0, variant="joint", anchors=2,
+                            reuse_rollout_velocity=reuse)
+    groups = plan_groups(traj.train_steps, 4, 1.0, mode=mode)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, method,
+                                 sample=SampleConfig(num_steps=4, noise_level=0.7, group_size=2, batch_size=4),
+                                 train=TrainConfig(micro_batch=4, clip_range=1e-4), sync=NoSync(), reuse=reuse,
+                                 autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    for p in policy.trainable_parameters():
+        p.grad = None
+    return stats
+
+
+def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
+    """Under bf16 mixed precision the rollout runs the policy under the update's own autocast: at the first optimizer
+    step the PPO ratio is exactly 1 (approx_kl 0, clipfrac 0 at clip_range 1e-4) for exact, JAGG and JAGG-reuse,
+    and the velocities the rollout kept are bit-identical to the ones the update recomputes. Without the autocast in
+    the rollout the ratio is not 1 (the test can fail)."""
+    from jagg_core.config import SampleConfig
+    from jagg_core.trainer.rollout import rollout
+    from jagg_core.trainer.update import make_step_fns
+
+    policy = load(tiny_dir, "flux")
+    bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    cfg = SampleConfig(num_steps=4, noise_level=0.7, group_size=2, prompts_per_iteration=2, batch_size=4)
+    traj = rollout(policy, PROMPTS, [0, 1], cfg, seed=0, iteration=0, keep_velocities=True, autocast=bf16)
+    for name, reuse in (("exact", False), ("jagg", False), ("jagg", True)):
+        stats = _bf16_update(policy, traj, name, reuse)
+        assert stats.extras["approx_kl"] and all(x == 0.0 for x in stats.extras["approx_kl"]), (name, reuse)
+        assert all(x == 0.0 for x in stats.extras["clipfrac"]), (name, reuse)
+    fns = make_step_fns(policy, traj, torch.arange(4), torch.ones(4), traj.train_steps, sample=cfg,
+                        train=None, scale=1.0, autocast=bf16)
+    with torch.no_grad():
+        for j, step in enumerate(traj.train_steps):
+            assert torch.equal(fns.velocity(j), traj.velocities[step]), step
+    # The rollout in float32 and the update in bf16: the first ratio is off (what the autocast in the rollout fixes).
+    traj32 = rollout(policy, PROMPTS, [0, 1], cfg, seed=0, iteration=0)
+    assert any(x > 0 for x in _bf16_update(policy, traj32, "exact").extras["approx_kl"])

@@ -304,7 +304,7 @@ def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajecto
     t0 = time.perf_counter()
     traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
                    keep_velocities=r.method.reuse_rollout_velocity and r.method.mode != "exact",
-                   policy_version=r.policy_version)
+                   policy_version=r.policy_version, autocast=r.autocast)
     metrics["time/rollout"] = time.perf_counter() - t0
     metrics["sample/window_start"] = traj.train_steps[0]
     return traj

@@ -17,8 +17,9 @@ on how images are batched or split over processes, and a resumed run repeats it 
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -82,8 +83,10 @@ def rollout(
     iteration: int,
     keep_velocities: bool = False,
     policy_version: int = 0,
+    autocast: Callable[[], object] = contextlib.nullcontext,
 ) -> Trajectory:
-    """Sample G = ``cfg.group_size`` images for each local prompt."""
+    """Sample G = ``cfg.group_size`` images for each local prompt; ``autocast`` wraps every policy call (the
+    trainer's mixed precision, the same as the update's)."""
     g_size = cfg.group_size
     p = len(prompts)
     embeds = policy.encode_prompts(list(prompts))
@@ -104,7 +107,7 @@ def rollout(
         sl = slice(i, i + cfg.batch_size)
         parts.append(
             denoise(policy, noise[sl], embeds[prompt_index[sl]], cfg.num_steps, noise_level=levels,
-                    sde_kind=cfg.sde_kind, generators=gens[sl], keep_velocities=keep)
+                    sde_kind=cfg.sde_kind, generators=gens[sl], keep_velocities=keep, autocast=autocast)
         )
     latents = torch.cat([d.latents for d in parts])
     sched = policy.schedule(cfg.num_steps)
