@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Schedule", "flow_match_schedule", "resolution_mu", "shift_sigmas"]
+__all__ = ["Schedule", "fixed_shift_schedule", "flow_match_schedule", "resolution_mu", "shift_sigmas"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,12 @@ def flow_match_schedule(
     sigmas = sigmas.to(torch.float32).to(torch.float64)
     timesteps = sigmas * num_train_timesteps
     return Schedule(sigmas=torch.cat([sigmas, sigmas.new_zeros(1)]), timesteps=timesteps)
+
+
+def fixed_shift_schedule(num_steps: int, shift: float, *, num_train_timesteps: int = 1000) -> Schedule:
+    """DanceGRPO's training schedule: ``T + 1`` equally spaced sigmas from 1 to 0, statically shifted by ``shift``
+    (``s·σ / (1 + (s − 1)·σ)``), whatever the resolution (the recipe fixes it instead of Flux's dynamic shift)."""
+    if num_steps < 1 or shift <= 0:
+        raise ValueError(f"a fixed-shift schedule needs num_steps ≥ 1 and shift > 0, got {num_steps} and {shift}.")
+    sigmas = shift_sigmas(torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64), shift=shift)
+    return Schedule(sigmas=sigmas, timesteps=sigmas[:-1] * num_train_timesteps)

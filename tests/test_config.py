@@ -19,13 +19,21 @@ def test_every_profile_of_the_repo_validates(profile):
 
 
 def test_paper_profiles_use_the_papers_settings():
-    for name in ("flux", "qwenimage", "sd3"):
+    """The paper's grid: DanceGRPO on Flux and Qwen-Image (W = 4, first 60% of groups), Flow-GRPO-Fast on Flux (its
+    3-step window is one JAGG group, with the ablation) and Qwen-Image (one group of 4); SD3."""
+    grid = {"flux": ("dance_grpo", 4, 0.6), "qwenimage-dance": ("dance_grpo", 4, 0.6),
+            "flux-fast": ("flow_grpo_fast", 3, 1.0), "qwenimage": ("flow_grpo_fast", 4, 1.0),
+            "sd3": ("flow_grpo_fast", 4, 0.6)}
+    for name, (recipe, window, frac) in grid.items():
         p = load_params(REPO / "params.yaml", name)
-        assert p.jagg.window == 4 and p.jagg.jagg_frac == 0.6
+        assert (p.sample.recipe, p.jagg.window, p.jagg.jagg_frac) == (recipe, window, frac), name
         assert p.reward.weights == {"hpsv2.1": 1.0, "clipscore": 1.0}
         assert set(p.eval.metrics) == {"hpsv2.1", "pickscore", "clipscore"}
-    assert load_params(REPO / "params.yaml", "flux").sample.recipe == "dance_grpo"
-    assert load_params(REPO / "params.yaml", "qwenimage").sample.recipe == "flow_grpo_fast"
+        if recipe == "flow_grpo_fast":
+            assert p.sample.sde_window_size == window  # the window is one JAGG group
+    flux = load_params(REPO / "params.yaml", "flux")
+    assert flux.model.options["shift"] == 3.0 and not flux.train.global_std  # DanceGRPO: fixed shift, use_group
+    assert "ablate" in load_params(REPO / "params.yaml", "flux-fast").run.methods
 
 
 def test_the_registries_match_the_names_the_config_knows():
@@ -179,12 +187,17 @@ def test_a_missing_train_prompt_file_names_the_param_not_the_prepare_stage(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
 
 
-@pytest.mark.parametrize("profile", ["flux", "qwenimage", "sd3"])
-def test_the_real_recipes_normalise_advantages_per_prompt_group(profile):
-    """The toy's batch-std normalisation (global_std) must not leak into the published recipes."""
+@pytest.mark.parametrize("profile, global_std", [
+    ("flux", False), ("qwenimage-dance", False),  # DanceGRPO --use_group: each prompt group's own std
+    ("flux-fast", False),  # Flow-GRPO pickscore_flux_fast: global_std False
+    ("qwenimage", True),  # Flow-GRPO pickscore_qwenimage: group means, the batch's std (global_std True)
+    ("sd3", False),
+])
+def test_the_real_recipes_normalise_advantages_as_published(profile, global_std):
+    """The toy's batch-std choice does not leak into the published recipes: each has its source's setting."""
     from jagg_core.config import load_params
 
-    assert load_params(REPO / "params.yaml", profile).train.global_std is False
+    assert load_params(REPO / "params.yaml", profile).train.global_std is global_std
     assert load_params(REPO / "params.yaml", "toy").train.global_std is True
 
 

@@ -48,3 +48,15 @@ def test_resolution_mu_is_flux_calculate_shift():
 def test_bad_schedules_are_refused(kwargs):
     with pytest.raises(ValueError):
         flow_match_schedule(**kwargs)
+
+
+def test_dancegrpo_fixed_shift_schedule_by_hand():
+    """DanceGRPO: sigma = linspace(1, 0, T + 1), then s·σ / (1 + (s − 1)·σ); timesteps = 1000·σ[:-1]."""
+    from jagg_core.schedules import fixed_shift_schedule
+
+    s = fixed_shift_schedule(4, 3.0)
+    want = [3 * x / (1 + 2 * x) for x in (1.0, 0.75, 0.5, 0.25, 0.0)]  # 1, 0.9, 0.75, 0.5, 0
+    assert s.sigmas.tolist() == pytest.approx(want, abs=1e-15) and s.sigmas.dtype == torch.float64
+    assert s.timesteps.tolist() == pytest.approx([1000 * x for x in want[:-1]])
+    with pytest.raises(ValueError, match="shift > 0"):
+        fixed_shift_schedule(4, 0.0)

@@ -11,8 +11,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from ..schedules import Schedule
-from .base import Policy, PromptEmbeds, register_backbone
+from ..schedules import Schedule, fixed_shift_schedule
+from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 from .diffusers_common import (
     MODEL,
     SCHEDULER,
@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "max_sequence_length": 512,  # T5 tokens (FluxPipeline's default)
     "lora": None,  # {rank, alpha, target_modules, dropout}; None or rank 0: full fine-tune
     "gradient_checkpointing": False,
+    "shift": None,  # a fixed schedule shift (DanceGRPO: 3) instead of the pipeline's resolution-dependent one
 }
 
 
@@ -90,6 +91,9 @@ class FluxPolicy(Policy):
         self.scheduler_config = load_scheduler_config(folder)
         self.device, self.dtype = device, dtype
         self.guidance_scale = float(opts["guidance_scale"])
+        self.shift = None if opts["shift"] is None else float(opts["shift"])
+        if self.shift is not None and self.shift <= 0:
+            raise PolicyError(f"model.options.shift must be a positive number (DanceGRPO uses 3), got {self.shift}.")
         self.max_sequence_length = int(opts["max_sequence_length"])
 
         self.encoders = load_text_encoders(
@@ -118,6 +122,8 @@ class FluxPolicy(Policy):
         return ((self.latent_h // 2) * (self.latent_w // 2), self.latent_channels * 4)
 
     def schedule(self, num_steps: int) -> Schedule:
+        if self.shift is not None:
+            return fixed_shift_schedule(num_steps, self.shift)
         image_seq_len = (self.latent_h // 2) * (self.latent_w // 2)
         return pipeline_schedule(self.scheduler_config, num_steps, image_seq_len=image_seq_len, spacing="flux")
 
