@@ -3,6 +3,7 @@
     jagg run [--profile toy]           the reproduction flow end to end (Prefect, in-process)
     jagg prepare | pretrain | train | evaluate | report   one stage (as dvc.yaml runs them)
     jagg bench                         update-stage benchmark (exact vs JAGG vs ablate)
+    jagg plan --profile flux           what a real profile's run costs (memory, FLOPs, GPU hours), before renting GPUs
     jagg services up | down | status   Prefect server + worker + deployments, MLflow UI (loopback)
     jagg ui                            the MLflow UI on the project's store
 """
@@ -21,6 +22,7 @@ STAGES = {
     "report": "tasks.report",
     "run": "flows.run",
     "bench": "tasks.bench",
+    "plan": "tasks.plan",
     "services": "tasks.services",
     "ui": "tasks.services",
 }

@@ -425,3 +425,50 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
     # The rollout in float32 and the update in bf16: the first ratio is off (what the autocast in the rollout fixes).
     traj32 = rollout(policy, PROMPTS, [0, 1], cfg, seed=0, iteration=0)
     assert any(x > 0 for x in _bf16_update(policy, traj32, "exact").extras["approx_kl"])
+
+
+def test_flux_fixed_shift_option_replaces_the_dynamic_shift(tiny_dir):
+    """model.options.shift (DanceGRPO's --shift 3) gives its fixed schedule whatever the resolution; 0 is refused."""
+    from jagg_core.schedules import fixed_shift_schedule
+
+    dynamic = load(tiny_dir, "flux").schedule(8)
+    fixed = load(tiny_dir, "flux", shift=3.0).schedule(8)
+    assert torch.equal(fixed.sigmas, fixed_shift_schedule(8, 3.0).sigmas)
+    assert not torch.allclose(fixed.sigmas, dynamic.sigmas)
+    with pytest.raises(PolicyError, match="model.options.shift must be a positive number"):
+        load(tiny_dir, "flux", shift=0)
+
+
+@pytest.mark.parametrize("profile", ["flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3"])
+def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
+    """Each real profile, its weights swapped for the tiny pipeline of its backbone (32 px, float32, CPU): the policy
+    builds with the profile's own options (LoRA, fixed shift, CFG), a rollout follows its recipe and one update of
+    its JAGG method runs through its routing."""
+    from jagg_core.build import policy_from_params
+    from jagg_core.config import load_params
+    from jagg_core.paths import Layout
+    from jagg_core.trainer.distributed import NoSync
+    from jagg_core.trainer.rollout import rollout
+    from jagg_core.trainer.update import accumulate_gradients, plan_update
+
+    from conftest import REPO
+
+    real = load_params(REPO / "params.yaml", profile)
+    backbone = real.model.backbone
+    overrides = {"model.path": str(tiny_dir(backbone)), "model.dtype": "float32", "resources.device": "cpu",
+                 "resources.num_processes": 1, "resources.mixed_precision": "no", "resources.distributed": "ddp",
+                 "model.options.gradient_checkpointing": False, "sample.group_size": 2,
+                 "sample.prompts_per_iteration": 1, "train.micro_batch": 2,
+                 **{f"model.options.{k}": v for k, v in OPTIONS[backbone].items()}}
+    params = load_params(REPO / "params.yaml", profile, overrides)
+    assert params.sample.recipe == real.sample.recipe and params.jagg == real.jagg  # the recipe is untouched
+    policy = policy_from_params(params, Layout(tmp_path, profile), torch.device("cpu"))
+    traj = rollout(policy, PROMPTS[:1], [0], params.sample, seed=0, iteration=0)
+    method = params.method("jagg")
+    groups = plan_update(traj, method, params.sample, float(method.jagg_frac), torch.Generator().manual_seed(0))
+    assert groups and all(len(g.steps) <= method.window for g in groups)
+    stats = accumulate_gradients(policy, traj, torch.tensor([1.0, -1.0]), torch.arange(2), groups, method,
+                                 sample=params.sample, train=params.train, sync=NoSync(), reuse=False,
+                                 autocast=lambda: torch.autocast("cpu", enabled=False))
+    assert stats.backward_calls >= 1 and stats.extras["approx_kl"] and max(stats.extras["approx_kl"]) < 1e-6
+    assert any(p.grad is not None for p in policy.trainable_parameters())

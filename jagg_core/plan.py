@@ -1,0 +1,248 @@
+"""`jagg plan`: what a run of a profile costs before anyone rents GPUs.
+
+Arithmetic only, no weights loaded: the backbone's published architecture (:data:`ARCHITECTURES`), the profile's
+sampling and training settings, and the trainer's own routing (:func:`jagg_core.jagg.plan_groups`). It gives the
+parameters trained, a per-rank memory estimate, the FLOPs of an iteration for exact and JAGG, and the time those FLOPs
+take on H100 / H200 at a stated utilisation (:data:`GPUS`, :data:`UTILISATION`), plus the evaluation's cost.
+
+The FLOP model: a forward of one image at one step is ``2·N·S + 4·L·S²·d`` (N transformer parameters, S = image +
+text tokens, L attention layers of width d), times 2 under true classifier-free guidance; a backward costs 2 forwards,
+3 with gradient checkpointing (the recompute). A JAGG group of W steps costs K with-grad forwards and backwards plus
+W − K no-grad forwards (none with rollout-velocity reuse); an exact group W of each. Everything else (the reward, the
+optimizer step, communication) is left out and named as such: the figures are a floor for the GPU time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Params, ResolvedMethod
+
+__all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
+           "implied_utilisation", "plan"]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the cost of one transformer forward depends on (published configs)."""
+
+    name: str
+    params: float  # transformer parameters
+    layers: int  # attention layers (joint image-text attention in each)
+    hidden: int  # width d
+    pixels_per_token: int  # image pixels per token side (VAE downsampling × patch size)
+    text_tokens: int  # text tokens in the joint attention (an assumption for prompts of HPDv2's length where noted)
+    frozen_params: float  # text encoders + VAE, held on every rank in the dtype
+    source: str
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "flux": Architecture(
+        "FLUX.1-dev", 11.9e9, 57, 3072, 16, 512, 4.76e9 + 0.12e9 + 0.08e9,
+        "19 double-stream + 38 single-stream blocks of width 3072; VAE ×8 and 2×2 patches; T5 padded to 512 "
+        "tokens; T5-XXL 4.76 B + CLIP-L 0.12 B + VAE 0.08 B frozen"),
+    "qwenimage": Architecture(
+        "Qwen-Image", 20.4e9, 60, 3072, 16, 64, 8.3e9 + 0.13e9,
+        "60 MMDiT blocks of width 3072; VAE ×8 and 2×2 patches; ~64 prompt tokens assumed (HPDv2 prompts, "
+        "unpadded); Qwen2.5-VL-7B 8.3 B + VAE 0.13 B frozen"),
+    "sd3": Architecture(
+        "SD3.5 Medium", 2.5e9, 24, 1536, 16, 333, 4.76e9 + 0.82e9 + 0.08e9,
+        "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + 256 T5 tokens; T5-XXL 4.76 B + "
+        "CLIP-L/G 0.82 B + VAE 0.08 B frozen"),
+}
+
+# Dense bf16 peak (NVIDIA's datasheets, SXM parts, without sparsity) and memory.
+GPUS: dict[str, dict[str, float]] = {
+    "H100": {"peak_tflops": 989.0, "memory_gb": 80.0},
+    "H200": {"peak_tflops": 989.0, "memory_gb": 141.0},
+}
+UTILISATION = 0.35  # model FLOPs utilisation assumed for the time columns (see docs/scaling.md for the paper's)
+
+# The paper's own wall-clock figures on 8 GPUs (arXiv:2607.17572, Efficiency Analysis): seconds per update stage and
+# per iteration, baseline → JAGG.
+PAPER: dict[str, dict[str, tuple[float, float]]] = {
+    "flux-fast": {"update": (144.0, 101.0), "iteration": (316.0, 272.0)},
+    "qwenimage": {"update": (393.0, 275.0), "iteration": (674.0, 556.0)},
+}
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "float32" else 2
+
+
+def forward_flops(arch: Architecture, height: int, width: int, cfg: int) -> float:
+    """FLOPs of one transformer forward of one image at one step (both CFG halves)."""
+    s = (height // arch.pixels_per_token) * (width // arch.pixels_per_token) + arch.text_tokens
+    return cfg * (2 * arch.params * s + 4 * arch.layers * s * s * arch.hidden)
+
+
+def _lora_params(arch: Architecture, rank: int) -> float:
+    """LoRA on the attention projections (q, k, v, out of both streams): 8 d×d matrices per block."""
+    return arch.layers * 8 * rank * 2 * arch.hidden
+
+
+def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
+    """Per image and iteration, the expected with-grad forwards, no-grad forwards and backwards of the update (in
+    steps), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole groups."""
+    from .jagg import plan_groups
+
+    sample = params.sample
+    trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
+    groups = plan_groups(trained, method.window, float(method.jagg_frac) if method.jagg_frac != "auto" else 0.6,
+                         mode=method.mode)
+    keep = (max(1, round(sample.timestep_fraction * len(groups))) / len(groups)
+            if sample.recipe == "dance_grpo" else 1.0)
+    grad = nograd = 0.0
+    for g in groups:
+        w = len(g.steps)
+        if g.mode == "exact":
+            grad += w
+        else:
+            k = min(method.anchors, w)
+            grad += k
+            nograd += 0 if method.reuse_rollout_velocity else w - k
+    return {"grad": grad * keep, "nograd": nograd * keep, "trained_steps": trained * keep}
+
+
+def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION) -> dict[str, Any]:
+    """The whole estimate as a dict (see the module docstring)."""
+    backbone = params.model.backbone
+    if backbone not in ARCHITECTURES:
+        from .config import ParamsError
+
+        raise ParamsError(f"jagg plan needs a real backbone ({', '.join(ARCHITECTURES)}); profile "
+                          f"{params.profile!r} uses {backbone!r}, which runs on a laptop in minutes.")
+    arch = ARCHITECTURES[backbone]
+    opts = params.model.options
+    height, width = int(opts.get("height", 512)), int(opts.get("width", 512))
+    guidance = float(opts.get("guidance_scale", 1.0))
+    cfg = 2 if backbone in ("qwenimage", "sd3") and guidance > 1 else 1
+    ckpt = bool(opts.get("gradient_checkpointing", False))
+    sample, train, res = params.sample, params.train, params.resources
+    n_gpus = res.num_processes * res.num_machines
+    f = forward_flops(arch, height, width, cfg)
+    b = (3 if ckpt else 2) * f
+    images = sample.prompts_per_iteration * sample.group_size
+    rollout = images * sample.num_steps * f
+
+    # Parameters and memory per rank (FSDP shards weights, gradients and AdamW state; DDP keeps all on every rank).
+    rank = int(params.model.lora.rank or 0)
+    trainable = _lora_params(arch, rank) if rank else arch.params
+    nbytes = _bytes(params.model.dtype)
+    shard = n_gpus if res.distributed == "fsdp" else 1
+    tokens = (height // arch.pixels_per_token) * (width // arch.pixels_per_token) + arch.text_tokens
+    micro = train.micro_batch * cfg
+    # Activations of one graph: with checkpointing each block keeps its input (S·d) and one block is live; without,
+    # Megatron's ~34·S·d bytes per layer at 16 bits (attention scores not materialised: fused attention).
+    per_graph = (arch.layers * tokens * arch.hidden * nbytes + 34 * tokens * arch.hidden) * micro if ckpt else (
+        34 * tokens * arch.hidden * arch.layers * micro)
+    weights = arch.params * nbytes / shard
+    lora_state = trainable * 4 * 4 if rank else 0.0  # LoRA adapters float32: weights, grads, 2 AdamW moments
+    full_state = 0.0 if rank else trainable * nbytes * 3 / shard  # grads + 2 AdamW moments in the dtype
+    frozen = arch.frozen_params * nbytes
+    memory = {"transformer_weights_gb": weights / 1e9, "trainable_state_gb": (lora_state + full_state) / 1e9,
+              "frozen_encoders_gb": frozen / 1e9, "activations_per_graph_gb": per_graph / 1e9}
+
+    rows = []
+    names = methods or tuple(params.run.methods)
+    base = None
+    for name in names:
+        m = params.method(name)
+        units = _update_units(params, m)
+        update = images * (units["grad"] * (f + b) + units["nograd"] * f)
+        graphs = 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, params.jagg.window)
+        row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
+               "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
+               "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,
+               "iteration_pflop": (rollout + update) / 1e15,
+               "peak_gb_per_rank": (weights + lora_state + full_state + frozen + graphs * per_graph) / 1e9}
+        for gpu, spec in GPUS.items():
+            rate = n_gpus * spec["peak_tflops"] * 1e12 * utilisation
+            row[f"{gpu}_update_s"] = update / rate
+            row[f"{gpu}_iteration_s"] = (rollout + update) / rate
+            row[f"{gpu}_run_h"] = (rollout + update) / rate * train.iterations / 3600
+        if m.mode == "exact" and base is None:
+            base = row
+        rows.append(row)
+    for row in rows:
+        if base:
+            row["update_speedup"] = base["update_pflop"] / row["update_pflop"]
+            row["iteration_speedup"] = base["iteration_pflop"] / row["iteration_pflop"]
+
+    # Evaluation: the benchmark's prompts (HPDv2: 4 styles × 800) at eval.num_steps, per checkpoint evaluated.
+    eval_images = 3200
+    eval_flops = eval_images * params.eval.num_steps * f
+    evaluation = {"images": eval_images, "steps": params.eval.num_steps, "pflop": eval_flops / 1e15}
+    for gpu, spec in GPUS.items():
+        evaluation[f"{gpu}_s"] = eval_flops / (n_gpus * spec["peak_tflops"] * 1e12 * utilisation)
+
+    return {
+        "profile": params.profile, "architecture": arch.name, "architecture_source": arch.source,
+        "gpus": n_gpus, "utilisation": utilisation, "height": height, "width": width, "cfg_forwards": cfg,
+        "gradient_checkpointing": ckpt, "tokens": tokens, "trainable_params": trainable,
+        "lora_rank": rank, "images_per_iteration": images, "num_steps": sample.num_steps,
+        "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
+        "evaluation": evaluation, "paper": PAPER.get(params.profile),
+        "commands": [f"jagg run --profile {params.profile}",
+                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run"],
+    }
+
+
+def _fmt(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def format_plan(p: dict[str, Any]) -> str:
+    """The plan as the text `jagg plan` prints."""
+    mem = p["memory"]
+    lines = [
+        f"jagg plan — profile {p['profile']}: {p['architecture']} at {p['height']}×{p['width']} "
+        f"({p['tokens']} tokens, {'CFG: 2 forwards per step' if p['cfg_forwards'] == 2 else 'no CFG'}), "
+        f"{p['gpus']} GPU(s)",
+        f"  architecture: {p['architecture_source']}",
+        f"  trained: {p['trainable_params'] / 1e9:.3g} B parameters "
+        f"({'LoRA rank ' + str(p['lora_rank']) if p['lora_rank'] else 'full fine-tune'}); "
+        f"{p['images_per_iteration']} images × {p['num_steps']} steps per iteration, {p['iterations']} iterations",
+        f"  forward of one image at one step: {p['forward_tflop_per_image_step']:.1f} TFLOP; backward = "
+        f"{3 if p['gradient_checkpointing'] else 2} forwards (gradient checkpointing "
+        f"{'on' if p['gradient_checkpointing'] else 'off'})",
+        f"  memory per rank (estimate): transformer {mem['transformer_weights_gb']:.1f} GB + trainable state "
+        f"{mem['trainable_state_gb']:.1f} GB + frozen encoders {mem['frozen_encoders_gb']:.1f} GB + "
+        f"{mem['activations_per_graph_gb']:.1f} GB of activations per live graph",
+        "",
+        f"  {'method':<16}{'grad fwd/img':>13}{'nograd/img':>11}{'update PFLOP':>13}{'iter PFLOP':>11}"
+        f"{'peak GB/rank':>13}{'H100 upd s':>11}{'H100 it s':>10}{'H200 it s':>10}{'H100 run h':>11}"
+        f"{'update ×':>9}{'iter ×':>8}",
+    ]
+    for r in p["methods"]:
+        lines.append(
+            f"  {r['method']:<16}{r['grad_forwards_per_image']:>13.2f}{r['nograd_forwards_per_image']:>11.2f}"
+            f"{r['update_pflop']:>13.1f}{r['iteration_pflop']:>11.1f}{r['peak_gb_per_rank']:>13.1f}"
+            f"{r['H100_update_s']:>11.1f}{r['H100_iteration_s']:>10.1f}{r['H200_iteration_s']:>10.1f}"
+            f"{r['H100_run_h']:>11.1f}{r.get('update_speedup', 1.0):>8.2f}×{r.get('iteration_speedup', 1.0):>7.2f}×")
+    ev = p["evaluation"]
+    lines += [
+        "",
+        f"  evaluation per checkpoint: {ev['images']} benchmark images × {ev['steps']} steps = {ev['pflop']:.0f} PFLOP, "
+        f"{ev['H100_s'] / 60:.1f} min on {p['gpus']} H100",
+        f"  times assume {p['utilisation']:.0%} of the dense bf16 peak ({GPUS['H100']['peak_tflops']:.0f} TFLOPS per "
+        "GPU) and leave out the reward, the optimizer step and communication: a floor.",
+    ]
+    if p["paper"]:
+        pu, pi = p["paper"]["update"], p["paper"]["iteration"]
+        jagg = next((r for r in p["methods"] if r["mode"] == "jagg"), None)
+        if jagg:
+            lines.append(f"  the paper (8 GPUs): update {pu[0]:.0f} → {pu[1]:.0f} s ({pu[0] / pu[1]:.2f}×), iteration "
+                         f"{pi[0]:.0f} → {pi[1]:.0f} s ({pi[0] / pi[1]:.2f}×); this model: update "
+                         f"{jagg['update_speedup']:.2f}×, iteration {jagg['iteration_speedup']:.2f}×")
+    lines += ["", "  run it:"] + [f"    {c}" for c in p["commands"]]
+    return "\n".join(lines)
+
+
+def implied_utilisation(p: dict[str, Any], seconds: float, what: str = "iteration") -> float:
+    """The utilisation at which this plan's exact iteration (or update) takes ``seconds`` on H100s."""
+    base = next(r for r in p["methods"] if r["mode"] == "exact")
+    flop = base[f"{what}_pflop"] * 1e15
+    return flop / (seconds * p["gpus"] * GPUS["H100"]["peak_tflops"] * 1e12)
+

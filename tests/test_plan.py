@@ -1,0 +1,68 @@
+"""`jagg plan`: the cost arithmetic by hand, every real profile's table, and its one-sentence errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import REPO
+from jagg_core.config import load_params
+from jagg_core.plan import ARCHITECTURES, GPUS, forward_flops, plan
+
+REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3")
+
+
+def test_forward_flops_by_hand():
+    """2·N·S + 4·L·S²·d per image and step; S = (H/16)·(W/16) + text tokens; ×2 under CFG."""
+    a = ARCHITECTURES["flux"]
+    s = 32 * 32 + 512  # 512 px: 1024 image tokens + 512 T5 tokens
+    assert forward_flops(a, 512, 512, 1) == pytest.approx(2 * 11.9e9 * s + 4 * 57 * s * s * 3072)
+    assert forward_flops(a, 512, 512, 2) == pytest.approx(2 * forward_flops(a, 512, 512, 1))
+
+
+def test_update_counts_follow_the_trainers_routing():
+    """flux (DanceGRPO): 16 steps in 4 groups of W = 4, the first round(0.6·4) = 2 JAGG (2 graphs + 2 no-grad
+    forwards each), 2 exact (4 graphs each); timestep_fraction 0.6 keeps round(0.6·4) = 2 of the 4 groups."""
+    p = plan(load_params(REPO / "params.yaml", "flux"))
+    rows = {r["method"]: r for r in p["methods"]}
+    assert (rows["baseline"]["grad_forwards_per_image"], rows["baseline"]["nograd_forwards_per_image"]) == (8, 0)
+    assert (rows["jagg"]["grad_forwards_per_image"], rows["jagg"]["nograd_forwards_per_image"]) == (6, 2)
+    # Update FLOPs: images · (graphs · (f + b) + no-grad · f), b = 3 f with gradient checkpointing.
+    f = p["forward_tflop_per_image_step"] * 1e12
+    images = 16 * 12
+    assert rows["baseline"]["update_pflop"] * 1e15 == pytest.approx(images * 8 * 4 * f)
+    assert rows["jagg"]["update_pflop"] * 1e15 == pytest.approx(images * (6 * 4 * f + 2 * f))
+    assert rows["jagg"]["update_speedup"] == pytest.approx(32 / 26)
+    # Time = FLOPs / (GPUs · peak · utilisation).
+    rate = 8 * GPUS["H100"]["peak_tflops"] * 1e12 * p["utilisation"]
+    assert rows["jagg"]["H100_iteration_s"] == pytest.approx(rows["jagg"]["iteration_pflop"] * 1e15 / rate)
+
+
+def test_one_window_of_four_is_the_textbook_ratio_with_checkpointing():
+    """Flow-GRPO-Fast with a 4-step window as one JAGG group: exact 4·(f + 3f) = 16 f, JAGG 2·4f + 2f = 10 f."""
+    p = plan(load_params(REPO / "params.yaml", "qwenimage"))
+    jagg = next(r for r in p["methods"] if r["method"] == "jagg")
+    assert jagg["update_speedup"] == pytest.approx(1.6)
+    assert p["paper"] == {"update": (393.0, 275.0), "iteration": (674.0, 556.0)}
+
+
+@pytest.mark.parametrize("profile", REAL)
+def test_every_real_profile_prints_its_table(profile, capsys):
+    from tasks.plan import main
+
+    assert main(["--profile", profile]) == 0
+    out = capsys.readouterr().out
+    assert f"jagg plan — profile {profile}:" in out and "H100 it s" in out and "evaluation per checkpoint" in out
+    for method in load_params(REPO / "params.yaml", profile).run.methods:
+        assert f"\n  {method} " in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--profile", "toy"], "jagg plan needs a real backbone (flux, qwenimage, sd3); profile 'toy' uses 'toy-flux'"),
+    (["--profile", "flux", "--utilisation", "0"], "--utilisation 0.0 must be in (0, 1]"),
+])
+def test_errors_are_one_sentence(argv, needle, capsys):
+    from tasks.plan import main
+
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
