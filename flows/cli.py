@@ -4,6 +4,7 @@
     jagg prepare | pretrain | train | evaluate | report   one stage (as dvc.yaml runs them)
     jagg bench                         update-stage benchmark (exact vs JAGG vs ablate)
     jagg plan --profile flux           what a real profile's run costs (memory, FLOPs, GPU hours), before renting GPUs
+    jagg export --run jagg-s0          a checkpoint as a diffusers transformer folder or a LoRA file
     jagg services up | down | status   Prefect server + worker + deployments, MLflow UI (loopback)
     jagg ui                            the MLflow UI on the project's store
 """
@@ -23,6 +24,7 @@ STAGES = {
     "run": "flows.run",
     "bench": "tasks.bench",
     "plan": "tasks.plan",
+    "export": "tasks.export",
     "services": "tasks.services",
     "ui": "tasks.services",
 }

@@ -142,3 +142,23 @@ def test_two_processes_update_like_one(ci_base, tmp_path):
     curve = (Layout(two, "ci").curve("jagg-s0")).read_text().splitlines()
     head, row = curve[0].split("\t"), curve[1].split("\t")
     assert float(row[head.index("train/all_reduces")]) == 1  # one gradient all-reduce per optimizer step
+
+
+def test_jagg_export_turns_a_checkpoint_into_a_transformer_folder(uninterrupted):
+    """`jagg export` on a trained ci run: the checkpoint at step 2 becomes exports/ci/jagg-s0-step2/transformer/, which
+    diffusers loads with exactly the checkpoint's weights; a missing run or step is one sentence."""
+    from diffusers import FluxTransformer2DModel
+
+    uninterrupted("jagg")
+    root = uninterrupted.roots["jagg"]
+    out = run_module("tasks.export", "--profile", "ci", "--run", "jagg-s0", "--step", "2", root=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    folder = root / "exports/ci/jagg-s0-step2"
+    assert out.stdout.strip().endswith("exports/ci/jagg-s0-step2")
+    got = FluxTransformer2DModel.from_pretrained(folder / "transformer").state_dict()
+    want = load_tensors(root / "checkpoints/ci/jagg-s0/checkpoint-000002/trainable.safetensors")
+    assert want and all(torch.equal(got[k], v) for k, v in want.items())
+    for args, needle in ((["--run", "nope-s0"], "run 'nope-s0' of profile 'ci' has no complete checkpoint"),
+                         (["--run", "jagg-s0", "--step", "99"], "run 'jagg-s0' has no checkpoint at step 99")):
+        bad = run_module("tasks.export", "--profile", "ci", *args, root=root)
+        assert bad.returncode == 1 and needle in bad.stderr and "Traceback" not in bad.stderr

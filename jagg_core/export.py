@@ -1,0 +1,81 @@
+"""A training checkpoint as files diffusers loads: a full fine-tune as a transformer folder
+(``FluxTransformer2DModel.from_pretrained(out / "transformer")`` and alike), LoRA as ``pytorch_lora_weights.safetensors``
+for ``pipe.load_lora_weights(out)``.
+
+The export is written into a temporary folder beside ``out`` and renamed into place: a failed export leaves nothing, and
+an existing ``out`` is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from .errors import UserError
+
+__all__ = ["ExportError", "PIPELINES", "export_transformer"]
+
+# The diffusers pipeline whose LoRA format each backbone's adapters are saved in.
+PIPELINES = {"flux": "FluxPipeline", "toy-flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
+             "qwenimage": "QwenImagePipeline"}
+_PEFT_PREFIX = "base_model.model."
+
+
+class ExportError(UserError, RuntimeError):
+    """An export that cannot be written; the message is one sentence for the user."""
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
+
+
+def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbone: str,
+                       card: Mapping[str, Any]) -> Path:
+    """Write ``transformer`` (a diffusers transformer, or a peft LoRA wrapper of one) to ``out``; returns ``out``.
+
+    Full fine-tune: ``out/transformer/`` (config + safetensors). LoRA: ``out/pytorch_lora_weights.safetensors`` in the
+    backbone pipeline's format (keys ``transformer.<module>.lora_A.weight`` …). ``out/export.json`` records ``card``
+    (the checkpoint, its iteration, the base model) and what was written.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExportError(f"{out} already exists and is not empty; choose another --out or move it away first.")
+    module = _unwrap(transformer)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    try:
+        from peft import PeftModel
+
+        if isinstance(module, PeftModel):
+            import diffusers
+            from peft.utils import get_peft_model_state_dict
+
+            state = {k[len(_PEFT_PREFIX):] if k.startswith(_PEFT_PREFIX) else k: v.detach().cpu().contiguous()
+                     for k, v in get_peft_model_state_dict(module).items()}
+            pipeline = getattr(diffusers, PIPELINES[backbone])
+            # The adapter config (rank, alpha, targets) travels in the file's metadata: load_lora_weights then scales
+            # by alpha / rank as training did.
+            metadata = module.peft_config[module.active_adapter].to_dict()
+            pipeline.save_lora_weights(tmp, transformer_lora_layers=state, safe_serialization=True,
+                                       transformer_lora_adapter_metadata=metadata)
+            kind, files = "lora", ["pytorch_lora_weights.safetensors"]
+        else:
+            module.save_pretrained(tmp / "transformer", safe_serialization=True)
+            kind, files = "full", ["transformer/"]
+        (tmp / "export.json").write_text(json.dumps({**card, "backbone": backbone, "kind": kind, "files": files,
+                                                     "pipeline": PIPELINES.get(backbone)}, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise ExportError(f"could not write the export to {out} ({e.strerror or e}); nothing was written.") from e
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
