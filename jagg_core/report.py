@@ -533,15 +533,16 @@ def _html(params: Params, summary: dict) -> str:
 <html lang="en"><head><meta charset="utf-8"><title>jagg report — {html.escape(params.profile)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max-width:100%}}</style></head>
+th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max-width:100%}}
+.wide{{overflow-x:auto}}.wide table{{font-size:0.85em}}</style></head>
 <body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
 <p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
 <h2>Final evaluation (mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}
 <h2>Per seed: final {html.escape(metrics[0])} (gain over the base model)</h2>{_html_table(_seed_rows(summary, metrics[0]))}
 <h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
-<h2>Speed per iteration</h2>{_html_table(_speed_rows(summary))}
+<h2>Speed per iteration</h2><div class="wide">{_html_table(_speed_rows(summary))}</div>
 <p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
-<h2>Where an iteration's time goes (seconds, mean per iteration)</h2>{_html_table(breakdown_rows(summary.get("iteration_breakdown", [])))}
+<h2>Where an iteration's time goes (seconds, mean per iteration)</h2><div class="wide">{_html_table(breakdown_rows(summary.get("iteration_breakdown", [])))}</div>
 <p>Overhead = fidelity monitor + logging + checkpoint + other (neither rollout, reward nor the update stage).</p>
 {figs}
 </body></html>
