@@ -13,6 +13,7 @@ import logging
 import math
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,7 +31,8 @@ from ..redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..storage import FolderLock, atomic_write_text, read_prompts
-from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, recover_leftovers, save_checkpoint
+from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_sharded_state, recover_leftovers,
+                         save_checkpoint, save_sharded_checkpoint)
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
 from .logging import TsvCurve
@@ -55,16 +57,9 @@ class TrainResult:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def _optimizer_state(optimizer, module, *, sharded: bool) -> dict:
-    """The optimizer state to save; under FSDP2 gathered to full tensors (a collective: every rank calls it)."""
-    if not sharded:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(module, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
 def _load_optimizer(optimizer, module, state: dict, *, sharded: bool) -> None:
+    """A full optimizer state into the optimizer; under FSDP2 (a full checkpoint resumed sharded) each rank keeps its
+    shards."""
     if not sharded:
         optimizer.load_state_dict(state)
         return
@@ -111,6 +106,7 @@ class _Run:
     jagg_frac: Any = None
     last_ckpt: Path | None = None
     restart: bool = False  # may start over when the checkpoints were written with other params
+    said_no_fidelity: bool = False  # the FSDP warning of _route, once per run
 
     @property
     def main(self) -> bool:
@@ -218,6 +214,9 @@ def _setup(params: Params, method_name: str, seed: int, root: Path, accelerator:
     if tcfg.beta > 0:  # the KL reference is the base model, frozen before any update or resume
         policy.keep_reference()
     if res.distributed == "fsdp" and world > 1:
+        # FSDP2 warns at every forward that the transformer returns a view; the trainer never modifies its outputs in
+        # place, and tests/test_fsdp.py checks the sharded gradient against the unsharded one.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         plugin = getattr(accelerator.state, "fsdp_plugin", None)
         shard_transformer(policy.transformer, getattr(plugin, "transformer_cls_names_to_wrap", None))
     sync = make_grad_sync(res.distributed, world, policy.transformer)
@@ -282,10 +281,13 @@ def _resume(r: _Run) -> int:
     if ckpt is None:
         return 0
     state = ckpt.state()
-    load_trainable_state_dict(r.policy.transformer, ckpt.tensors())
-    _load_optimizer(r.optimizer, r.policy.transformer, ckpt.optimizer_state(), sharded=r.sync.sharded)
-    if r.ema is not None and (ckpt.path / "ema.safetensors").exists():
-        r.ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
+    if ckpt.sharded:  # each rank reads its own shards, whatever the number of processes that wrote them
+        load_sharded_state(ckpt, r.policy.transformer, r.optimizer, r.ema)
+    else:
+        load_trainable_state_dict(r.policy.transformer, ckpt.tensors())
+        _load_optimizer(r.optimizer, r.policy.transformer, ckpt.optimizer_state(), sharded=r.sync.sharded)
+        if r.ema is not None and ckpt.has("ema"):
+            r.ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
     r.policy_version = int(state["policy_version"])
     r.jagg_frac = state.get("jagg_frac", r.jagg_frac)
     r.last_ckpt = ckpt.path
@@ -351,8 +353,10 @@ def _route(r: _Run, it: int, traj: Trajectory, advantages, rows, finite: bool, m
     )
     if (want_auto or (tcfg.fidelity_every and it % tcfg.fidelity_every == 0)) and finite and len(rows):
         if r.sync.sharded:
-            log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to %s",
-                        AUTO_FALLBACK_JAGG_FRAC)
+            if r.main and not r.said_no_fidelity:
+                log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to %s",
+                            AUTO_FALLBACK_JAGG_FRAC)
+                r.said_no_fidelity = True
             r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
         else:
             t0 = time.perf_counter()
@@ -450,16 +454,21 @@ def _check_skips(r: _Run, step: int, skipped: int, consecutive: int) -> int:
 
 
 def _save(r: _Run, iteration: int, metrics: dict[str, float]) -> Path | None:
-    """A checkpoint of the trained weights, optimizer, EMA and state (a collective: every rank calls it)."""
+    """A checkpoint of the trained weights, optimizer, EMA and state (a collective: every rank calls it).
+
+    Sharded training (FSDP2) writes a sharded checkpoint, every rank its own shards; otherwise rank 0 writes the
+    (identical on every rank) full state."""
     state = {"run_key": r.run_key, "policy_version": r.policy_version, "jagg_frac": r.jagg_frac,
              "method": r.method.name, "seed": r.seed,
              "metrics": metrics, "params": redact(r.params.model_dump(mode="json"))}
-    trainable_state = trainable_state_dict(r.policy.transformer)  # collective under FSDP: every rank takes part
-    opt_state = _optimizer_state(r.optimizer, r.policy.transformer, sharded=r.sync.sharded)
+    if r.sync.sharded:
+        return save_sharded_checkpoint(r.ckpt_root, iteration, module=r.policy.transformer, optimizer=r.optimizer,
+                                       state=state, ema=r.ema, keep=r.params.train.keep_checkpoints).path
     path = None
-    if r.main:
-        path = save_checkpoint(r.ckpt_root, iteration, trainable=trainable_state, optimizer=opt_state,
-                               state=state, ema=r.ema, keep=r.params.train.keep_checkpoints).path
+    if r.main:  # every rank holds the same full state: rank 0 writes it
+        path = save_checkpoint(r.ckpt_root, iteration, trainable=trainable_state_dict(r.policy.transformer),
+                               optimizer=r.optimizer.state_dict(), state=state, ema=r.ema,
+                               keep=r.params.train.keep_checkpoints).path
     r.accelerator.wait_for_everyone()
     return path
 
