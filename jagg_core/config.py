@@ -322,11 +322,22 @@ class ResourcesConfig(_Section):
         default_factory=dict, description="method -> CUDA_VISIBLE_DEVICES for its training task"
     )
     main_process_port: int = Field(29500, ge=1024, le=65535, description="base rendezvous port (+ method index)")
-    num_machines: int = Field(1, ge=1, description="machines (multi-node)")
-    machine_rank: int = Field(0, ge=0, description="this machine's rank (multi-node)")
-    main_process_ip: str | None = Field(None, description="rank-0 machine address (multi-node)")
+    num_machines: int = Field(1, ge=1, description="machines one training run spans (multi-node; each machine's rank "
+                                                   "and the rank-0 address come from `jagg train`'s command line or "
+                                                   "the environment, never from this shared file)")
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="accelerate mixed precision")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads per process")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_machine(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for key, flag, env in (("machine_rank", "--machine-rank", "JAGG_MACHINE_RANK"),
+                                   ("main_process_ip", "--main-process-ip", "JAGG_MAIN_PROCESS_IP")):
+                if key in data:
+                    raise ValueError(f"{key} differs per machine and is not read from params.yaml: pass {flag} to "
+                                     f"`jagg train` or set {env}")
+        return data
 
 
 class Params(_Section):
@@ -369,9 +380,6 @@ class Params(_Section):
         for name in self.resources.cuda_visible_devices:
             if name not in self.methods:
                 raise ValueError(f"resources.cuda_visible_devices names {name!r}, which is not defined under methods")
-        if self.resources.machine_rank >= self.resources.num_machines:
-            raise ValueError(f"resources.machine_rank ({self.resources.machine_rank}) must be below num_machines "
-                             f"({self.resources.num_machines}); ranks count from 0")
         for name, m in self.methods.items():
             window = m.window or self.jagg.window
             anchors = m.anchors or self.jagg.anchors

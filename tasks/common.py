@@ -99,6 +99,9 @@ def stage_logger(name: str) -> logging.Logger:
     logger = logging.getLogger(f"jagg.{name}")
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    base = logging.getLogger("jagg")
+    if base.level == logging.NOTSET:  # importing Prefect leaves the root at WARNING: a stage's progress is INFO
+        base.setLevel(logging.INFO)
     return logger
 
 

@@ -7,6 +7,11 @@ run ends) carries the launcher's validated params, the repository root and the M
 trains exactly the same config and no credential in the params shows on a command line. The worker (rank 0) logs every
 metric to the run's MLflow child run. A killed run resumes from its last complete checkpoint when started again (the
 Prefect task retries a run whose process died; a run that stopped with an error of its own is not retried).
+
+Multi-node (``resources.num_machines`` > 1): every machine starts the same ``jagg train --method M --seed S`` with its
+own ``--machine-rank`` (or ``JAGG_MACHINE_RANK``) and the rank-0 machine's ``--main-process-ip`` (or
+``JAGG_MAIN_PROCESS_IP``). Machine 0 keeps the MLflow run and writes what only one process writes; the others start
+only their workers. The project folder (prompts, checkpoints) must be one path every machine sees.
 """
 
 from __future__ import annotations
@@ -18,12 +23,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 from prefect import task
 
-from jagg_core.config import Params
+from jagg_core.config import Params, ParamsError
 from jagg_core.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
@@ -37,20 +44,65 @@ class WorkerDied(TrainingError):
     """The training process ended without an error of its own (killed, out of memory, a crash): a retry resumes."""
 
 
-def accelerate_command(params: Params, method: str, worker_args: list[str]) -> list[str]:
-    """``accelerate launch`` with the profile's processes, machines and a port of the method's own."""
+@dataclass(frozen=True)
+class Machine:
+    """This machine's place in a run that spans ``resources.num_machines`` machines.
+
+    It differs per machine, so it never comes from the shared params.yaml: ``--machine-rank`` / ``--main-process-ip``
+    / ``--main-process-port`` on the command line, else ``JAGG_MACHINE_RANK`` / ``JAGG_MAIN_PROCESS_IP`` /
+    ``JAGG_MAIN_PROCESS_PORT``. Rank 0 runs the pipeline (MLflow, evaluation, report); every other rank runs only its
+    share of each training run.
+    """
+
+    rank: int = 0
+    address: str | None = None  # the rank-0 machine's address, the same on every machine
+    port: int | None = None  # rendezvous port; None: resources.main_process_port + the method's index
+
+    @classmethod
+    def resolve(cls, params: Params, rank: int | None = None, address: str | None = None, port: int | None = None,
+                environ: dict | None = None) -> "Machine":
+        env = os.environ if environ is None else environ
+
+        def number(value, flag: str, var: str) -> int | None:
+            if value is not None:
+                return value
+            if not env.get(var):
+                return None
+            try:
+                return int(env[var])
+            except ValueError:
+                raise ParamsError(f"{var}={env[var]!r} must be a whole number (or pass {flag}).") from None
+
+        rank = number(rank, "--machine-rank", "JAGG_MACHINE_RANK") or 0
+        port = number(port, "--main-process-port", "JAGG_MAIN_PROCESS_PORT")
+        address = address or env.get("JAGG_MAIN_PROCESS_IP") or None
+        n = params.resources.num_machines
+        if not 0 <= rank < n:
+            raise ParamsError(f"machine rank {rank} must be in 0..{n - 1} (resources.num_machines is {n}).")
+        if n > 1 and not address:
+            raise ParamsError(f"resources.num_machines is {n}: give every machine the rank-0 machine's address with "
+                              f"--main-process-ip or JAGG_MAIN_PROCESS_IP.")
+        if port is not None and not 1024 <= port <= 65535:
+            raise ParamsError(f"the rendezvous port {port} must be in 1024..65535.")
+        return cls(rank, address, port)
+
+
+def accelerate_command(params: Params, method: str, worker_args: list[str], machine: Machine | None = None) -> list[str]:
+    """``accelerate launch`` with the profile's processes, this machine's rank and a port of the method's own."""
     res = params.resources
+    machine = machine or Machine()
     index = list(params.methods).index(method)
+    port = machine.port if machine.port is not None else res.main_process_port + index
     cmd = [sys.executable, "-m", "accelerate.commands.launch"]
     if res.accelerate_config:
         cmd += ["--config_file", res.accelerate_config]
     cmd += ["--num_processes", str(res.num_processes * res.num_machines), "--num_machines", str(res.num_machines),
-            "--machine_rank", str(res.machine_rank), "--main_process_port", str(res.main_process_port + index),
+            "--machine_rank", str(machine.rank), "--main_process_port", str(port),
             "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no"]
     if res.num_processes * res.num_machines > 1 and not res.accelerate_config:
         cmd += ["--multi_gpu"]  # also the multi-process switch on CPU (gloo), with Accelerator(cpu=True)
-    if res.main_process_ip:
-        cmd += ["--main_process_ip", res.main_process_ip]
+    if machine.address:
+        cmd += ["--main_process_ip", machine.address]
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
 
 
@@ -148,55 +200,117 @@ def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
             "jagg.checkpoint_manifest_sha256": hashlib.sha256((last.path / "manifest.json").read_bytes()).hexdigest()}
 
 
+def _launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, deque]:  # noqa: ANN001
+    """Run the launcher, relaying its output line by line; returns its exit status and last lines."""
+    tail: deque[str] = deque(maxlen=30)
+    # The trainer runs in a process group of its own that ends with this launcher: when the launcher stops (an error,
+    # an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the kernel stops the
+    # launcher's child (and that child's workers: see worker()).
+    with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                line = line.rstrip()
+                tail.append(line)
+                if line and "\r" not in line:
+                    log.info("[%s] %s", run, line)
+            rc = proc.wait()
+        finally:
+            _stop_group(proc)
+    return rc, tail
+
+
+def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine: Machine, context: Path,
+                    log) -> None:  # noqa: ANN001
+    """`accelerate launch` this machine's workers of the run; the context file is removed when they end."""
+    run = run_name(method, seed)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if method in params.resources.cuda_visible_devices:
+        env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
+    worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
+    cmd = accelerate_command(params, method, worker, machine)
+    n = params.resources.num_machines
+    where = f" as machine {machine.rank} of {n} (rank 0 at {machine.address})" if n > 1 else ""
+    log.info("launching %s%s: %s", run, where, " ".join(cmd[:14]) + " ...")
+    try:
+        rc, tail = _launch(cmd, lay, env, run, log)
+    finally:
+        context.unlink(missing_ok=True)
+    if rc != 0:
+        raise _failure(run, rc, tail)
+
+
+def _failure(run: str, rc: int, tail: deque) -> TrainingError:
+    errors = [ln for ln in tail if ln.startswith("jagg: error:")]
+    if errors:  # the run's own error: the same input fails the same way again
+        return TrainingError(f"training run {run} failed: {errors[-1].removeprefix('jagg: error: ')}")
+    return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+
+
+def _trained(lay: Layout, run: str, key: str, iterations: int) -> bool:
+    """The run's newest checkpoint is its last, written with these params."""
+    from jagg_core.trainer.checkpoint import latest_checkpoint
+
+    last = latest_checkpoint(lay.checkpoints(run))
+    return last is not None and last.iteration >= iterations and last.state().get("run_key") == key
+
+
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
-              restart: bool = False) -> dict:
-    """Run one training run to completion (resuming if checkpoints exist); returns its final metrics."""
+              restart: bool = False, machine: Machine | None = None) -> dict:
+    """Run one training run to completion (resuming if checkpoints exist); returns its final metrics.
+
+    On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
+    keeps the MLflow run; the others only take their share of the training.
+    """
     from jagg_core.rewards import check_rewards
     from jagg_core.tracking import Tracker
 
     log = stage_logger("train")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
+    machine = machine or Machine.resolve(params)
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)
+    if machine.rank > 0:
+        return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if method in params.resources.cuda_visible_devices:
-        env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
+    if params.resources.num_machines > 1 and _trained(lay, run, key, params.train.iterations):
+        # Trained already: launching would wait for the other machines, which have nothing to do.
+        log.info("%s is trained (%d iterations); not launching it on %d machines again", run,
+                 params.train.iterations, params.resources.num_machines)
+        tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
+        tracker.finish(mlflow_run)
+        return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
     _remove_stale_contexts(lay.run_dir(run))
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
     _write_worker_context(context, params, lay, mlflow_run, key, restart)
-    worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
-    cmd = accelerate_command(params, method, worker)
-    log.info("launching %s: %s", run, " ".join(cmd[:14]) + " ...")
-    tail: deque[str] = deque(maxlen=30)
     try:
-        # The trainer runs in a process group of its own that ends with this launcher: when the launcher stops
-        # (an error, an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the
-        # kernel stops the launcher's child (and that child's workers: see worker()).
-        with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
-            try:
-                for line in proc.stdout:  # type: ignore[union-attr]
-                    line = line.rstrip()
-                    tail.append(line)
-                    if line and "\r" not in line:
-                        log.info("[%s] %s", run, line)
-                rc = proc.wait()
-            finally:
-                _stop_group(proc)
-    finally:
-        context.unlink(missing_ok=True)
-    if rc != 0:
-        errors = [ln for ln in tail if ln.startswith("jagg: error:")]
+        _launch_workers(params, lay, method, seed, machine, context, log)
+    except TrainingError:
         tracker.finish(mlflow_run, "FAILED")
-        if errors:  # the run's own error: the same input fails the same way again
-            raise TrainingError(f"training run {run} failed: {errors[-1].removeprefix('jagg: error: ')}")
-        raise WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+        raise
     _replay_pending(tracker, mlflow_run, lay, run, log)
     tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
     tracker.finish(mlflow_run)
     return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
+
+
+def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machine: Machine, restart: bool,
+            log) -> dict:  # noqa: ANN001
+    """Machine rank ≥ 1: this machine's processes of the run, nothing else (rank 0 logs, checkpoints, evaluates)."""
+    run = run_name(method, seed)
+    if _trained(lay, run, key, params.train.iterations):
+        log.info("%s is trained (%d iterations); nothing to do on machine %d", run, params.train.iterations,
+                 machine.rank)
+        return {"run": run, "machine_rank": machine.rank}
+    # The context goes to this machine's own temporary folder: the shared run folder is tidied by machine 0, which
+    # cannot see this machine's processes.
+    fd, name = tempfile.mkstemp(prefix=f"jagg-{run}-m{machine.rank}-", suffix=".json")
+    os.close(fd)
+    context = Path(name)
+    _write_worker_context(context, params, lay, "", key, restart)
+    _launch_workers(params, lay, method, seed, machine, context, log)
+    return {"run": run, "machine_rank": machine.rank}
 
 
 def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: str | None = None,
@@ -260,6 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true",
                     help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher
+    multi = ap.add_argument_group(
+        "multi-node", "a run over resources.num_machines machines: start the same command on every machine, each with "
+                      "its own rank; checkpoints and prompts must be on a path every machine sees")
+    multi.add_argument("--machine-rank", type=int, default=None,
+                       help="this machine's rank, 0 (runs MLflow) to num_machines - 1 (default: $JAGG_MACHINE_RANK or 0)")
+    multi.add_argument("--main-process-ip", default=None,
+                       help="the rank-0 machine's address (default: $JAGG_MAIN_PROCESS_IP)")
+    multi.add_argument("--main-process-port", type=int, default=None,
+                       help="rendezvous port (default: $JAGG_MAIN_PROCESS_PORT, else resources.main_process_port + the "
+                            "method's index)")
     args = ap.parse_args(argv)
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
         _die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
@@ -273,7 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(params, layout(params), args.method, seed, restart=args.restart)
     else:
-        train_run(params, layout(params), args.method, seed, sweep=args.sweep, restart=args.restart)
+        machine = Machine.resolve(params, args.machine_rank, args.main_process_ip, args.main_process_port)
+        train_run(params, layout(params), args.method, seed, sweep=args.sweep, restart=args.restart, machine=machine)
     return 0
 
 

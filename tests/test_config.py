@@ -126,7 +126,7 @@ def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
     ({"run.methods": []}, "at least one"),
     ({"run.seeds": [0, 0]}, "0 twice"),
     ({"resources.cuda_visible_devices": {"jag": "0"}}, "'jag'"),
-    ({"resources.machine_rank": 2, "resources.num_machines": 2}, "machine_rank (2) must be below"),
+    ({"resources.machine_rank": 1, "resources.num_machines": 2}, "machine_rank differs per machine"),
     ({"train.iterations": "5"}, "whole number"),
     ({"train.iterations": True}, "not true/false"),
     ({"train.lr": True}, "not true/false"),

@@ -160,26 +160,36 @@ FSDP = ["--profile", "ci", "--method", "jagg", "--seed", "0", "--set", "reward.w
         "--set", "train.iterations=4", "--set", "train.checkpoint_every=1", "--set", "resources.distributed=fsdp"]
 
 
+def _env(root: Path, extra: dict | None = None) -> dict:
+    return {**os.environ, "JAGG_ROOT": str(root), "PYTHONPATH": str(REPO), **(extra or {})}
+
+
 def _launch_fsdp(root: Path, port: int, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
            "-m", "tasks.train", "--worker", *FSDP]
-    return subprocess.run(cmd, cwd=root, env={**os.environ, "JAGG_ROOT": str(root), "PYTHONPATH": str(REPO),
-                                              **(env or {})}, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=root, env=_env(root, env), capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(ci_base, tmp_path_factory) -> Path:
+    """A project root where jagg-s0 trained 4 iterations under FSDP2 on 2 gloo processes of one machine."""
+    root = tmp_path_factory.mktemp("fsdp") / "project"
+    shutil.copytree(ci_base, root)
+    done = _launch_fsdp(root, 29641)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root
 
 
 @pytest.mark.slow
-def test_fsdp_training_killed_mid_checkpoint_resumes_to_identical_weights_and_exports(ci_base, tmp_path):
+def test_fsdp_training_killed_mid_checkpoint_resumes_to_identical_weights_and_exports(ci_base, fsdp_run, tmp_path):
     """The trainer under FSDP2 on 2 gloo processes: killed while writing checkpoint 3, started again, it resumes from
     checkpoint 2 and ends bit for bit where an uninterrupted run ends; `jagg export` reads the shards back into a
     transformer folder diffusers loads."""
     from diffusers import FluxTransformer2DModel
 
-    one, two = tmp_path / "one", tmp_path / "two"
-    shutil.copytree(ci_base, one)
+    two = tmp_path / "two"
     shutil.copytree(ci_base, two)
-    done = _launch_fsdp(one, 29641)
-    assert done.returncode == 0, done.stderr[-3000:]
     killed = _launch_fsdp(two, 29642, {"JAGG_FAULT": "checkpoint@3:kill"})
     assert killed.returncode != 0
     run_dir = Layout(two, "ci").checkpoints("jagg-s0")
@@ -189,7 +199,7 @@ def test_fsdp_training_killed_mid_checkpoint_resumes_to_identical_weights_and_ex
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming jagg-s0 from" in resumed.stdout + resumed.stderr
     assert "checkpoint-000002 (iteration 2)" in resumed.stdout + resumed.stderr
-    a = latest_checkpoint(Layout(one, "ci").checkpoints("jagg-s0"))
+    a = latest_checkpoint(Layout(fsdp_run, "ci").checkpoints("jagg-s0"))
     b = latest_checkpoint(run_dir)
     assert a.iteration == b.iteration == 4 and a.sharded and b.sharded
     assert not (b.path / "trainable.safetensors").exists()  # nothing was gathered into one file
@@ -203,3 +213,47 @@ def test_fsdp_training_killed_mid_checkpoint_resumes_to_identical_weights_and_ex
     assert out.returncode == 0, out.stderr[-2000:]
     got = FluxTransformer2DModel.from_pretrained(two / "exports/ci/jagg-s0-step4/transformer").state_dict()
     assert all(torch.equal(got[k], v) for k, v in wb.items())
+
+
+@pytest.mark.slow
+def test_one_run_on_two_machines_over_loopback(ci_base, fsdp_run, tmp_path):
+    """Two "machines" × 1 process on 127.0.0.1: each started with `jagg train`, machine 0 by --machine-rank and
+    --main-process-ip, machine 1 by JAGG_MACHINE_RANK / JAGG_MAIN_PROCESS_IP; they train one run together, each
+    writing its own shards into the shared checkpoint folder, and end bit for bit where 2 processes of one machine
+    end. Started again, machine 1 sees the run is trained and does nothing."""
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    args = [sys.executable, "-m", "tasks.train", *[a for a in FSDP], "--set", "resources.num_machines=2"]
+    m0 = subprocess.Popen([*args, "--machine-rank", "0", "--main-process-ip", "127.0.0.1", "--main-process-port",
+                           "29661"], cwd=root, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    env1 = {"JAGG_MACHINE_RANK": "1", "JAGG_MAIN_PROCESS_IP": "127.0.0.1", "JAGG_MAIN_PROCESS_PORT": "29661"}
+    m1 = subprocess.run(args, cwd=root, env=_env(root, env1), capture_output=True, text=True, timeout=600)
+    out0 = m0.communicate(timeout=600)[0]
+    assert m0.returncode == 0, out0[-3000:]
+    assert m1.returncode == 0, (m1.stdout + m1.stderr)[-3000:]
+    assert "launching jagg-s0 as machine 0 of 2 (rank 0 at 127.0.0.1)" in out0
+    assert "launching jagg-s0 as machine 1 of 2 (rank 0 at 127.0.0.1)" in m1.stdout + m1.stderr
+    ckpt = latest_checkpoint(Layout(root, "ci").checkpoints("jagg-s0"))
+    assert ckpt.iteration == 4 and ckpt.state()["world_size"] == 2
+    assert sorted(p.name for p in (ckpt.path / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    want = latest_checkpoint(Layout(fsdp_run, "ci").checkpoints("jagg-s0")).tensors()
+    got = ckpt.tensors()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    again = subprocess.run(args, cwd=root, env=_env(root, env1), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "jagg-s0 is trained (4 iterations); nothing to do on machine 1" in (
+        again.stdout + again.stderr)
+
+
+@pytest.mark.parametrize("argv,env,message", [
+    (["--machine-rank", "2"], {}, "machine rank 2 must be in 0..1 (resources.num_machines is 2)."),
+    (["--machine-rank", "1"], {}, "resources.num_machines is 2: give every machine the rank-0 machine's address with "
+                                  "--main-process-ip or JAGG_MAIN_PROCESS_IP."),
+    ([], {"JAGG_MACHINE_RANK": "one"}, "JAGG_MACHINE_RANK='one' must be a whole number (or pass --machine-rank)."),
+    (["--set", "resources.machine_rank=1"], {}, "machine_rank differs per machine and is not read from params.yaml: "
+                                                "pass --machine-rank to `jagg train` or set JAGG_MACHINE_RANK."),
+])
+def test_machine_settings_come_from_the_command_line_or_environment(ci_project, argv, env, message):
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set", "resources.num_machines=2", *argv,
+                     root=ci_project, env=env)
+    assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
