@@ -86,6 +86,15 @@ def orchestration_tags() -> dict[str, str]:
     return tags
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now (for a rendezvous of processes started next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def stage_logger(name: str) -> logging.Logger:
     """The Prefect run logger inside a flow or task (so output reaches the Prefect UI), else a plain logger."""
     try:

@@ -1,9 +1,19 @@
-"""Stage `evaluate@<run>`: ODE samples of a run's checkpoints (or of the base model) on the test set, scored."""
+"""Stage `evaluate@<run>`: ODE samples of a run's checkpoints (or of the base model) on the test set, scored.
+
+With ``resources.num_processes`` > 1 the stage runs ``accelerate launch`` with that many processes (one per GPU): they
+split the test set by blocks of ``eval.batch_size`` images, generate and score their blocks, and rank 0 gathers the
+scores and writes the summaries (the metrics of one process, bit for bit); the stage then logs them to MLflow. A
+killed evaluation resumes: the images already written are not generated again.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+import tempfile
+from pathlib import Path
 
 from prefect import task
 
@@ -11,7 +21,7 @@ from jagg_core.config import Params, ParamsError
 from jagg_core.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
-from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
+from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
 
 
@@ -30,7 +40,12 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     tracker = Tracker(params, lay.root)
     run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     logger = tracker.logger(run_id)
-    result = evaluate_run(params, lay, run, logger=logger, report=log.info)
+    if params.resources.num_processes > 1:
+        result = _evaluate_in_processes(params, lay, run, log)
+        for point in result["curve"]:
+            logger.log_metrics({k: v for k, v in point.items() if k != "step"}, point["step"])
+    else:
+        result = evaluate_run(params, lay, run, logger=logger, report=log.info)
     # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
     n = params.eval.num_images_logged
     if n:
@@ -50,6 +65,46 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     main = {k: v["benchmark"] for k, v in result["metrics"].items()}
     log.info("%s at step %d: %s", run, result["step"], ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
     return result
+
+
+def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict:  # noqa: ANN001
+    """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
+    from jagg_core.evaluation.evaluate import EvalError
+
+    from .train import _launch, _write_worker_context
+
+    fd, name = tempfile.mkstemp(prefix=f"jagg-eval-{run}-", suffix=".json")  # params may hold credentials: 0600
+    os.close(fd)
+    context = Path(name)
+    _write_worker_context(context, params, lay, "", "")
+    n = params.resources.num_processes
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
+           "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+           "-m", "tasks.evaluate", "--run", run, "--worker-context", str(context)]
+    log.info("evaluating %s in %d processes", run, n)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    try:
+        rc, tail = _launch(cmd, lay, env, f"evaluate {run}", log)
+    finally:
+        context.unlink(missing_ok=True)
+    if rc != 0:
+        errors = [ln for ln in tail if ln.startswith("jagg: error:")]
+        raise EvalError(f"evaluating {run} failed: " + (errors[-1].removeprefix("jagg: error: ") if errors else
+                                                         f"exit status {rc}; last output: {tail[-1] if tail else ''}"))
+    return json.loads((lay.eval_dir(run) / "metrics.json").read_text())
+
+
+def _worker(params: Params, lay: Layout, run: str) -> None:
+    """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
+    from accelerate import PartialState
+
+    from jagg_core.build import pick_device
+    from jagg_core.evaluation.evaluate import Part, evaluate_run
+
+    state = PartialState(cpu=pick_device(params).type == "cpu")
+    log = stage_logger("evaluate")
+    part = Part(state.process_index, state.num_processes)
+    evaluate_run(params, lay, run, part=part, device=state.device, report=log.info if part.main else None)
 
 
 def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, list[str]]:
@@ -74,7 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     add_sweep_arg(ap)
     ap.add_argument("--run", required=True, help="<method>-s<seed> (e.g. jagg-s0), or base for the base model")
+    ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by _evaluate_in_processes
     args = ap.parse_args(argv)
+    if args.worker_context:
+        from .train import _read_worker_context
+
+        params, lay, _ = _read_worker_context(args.worker_context)
+        _worker(params, lay, args.run)
+        return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     if args.run != "base":
         try:

@@ -51,3 +51,49 @@ def test_images_are_reused_only_for_the_same_generation(project):
     tensors[name] = tensors[name] + 0.01 * torch.ones_like(tensors[name])
     save_file(tensors, weights)
     assert set(_generate(project, prompts).values()).isdisjoint(before.values())
+
+
+@pytest.mark.slow
+def test_two_processes_evaluate_like_one_and_resume_by_block(ci_base, tmp_path):
+    """`jagg evaluate` with resources.num_processes 2 (accelerate, gloo): the processes split the test set by blocks of
+    eval.batch_size images; the images, every per-image score and the summary equal one process's, and MLflow gets
+    the same metrics. Images deleted from one block (a killed evaluation) are the only ones generated again."""
+    import json
+
+    import mlflow
+
+    from conftest import run_module
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    shutil.copytree(ci_base, one)
+    shutil.copytree(ci_base, two)
+    args = ["--profile", "ci", "--run", "base", "--set", "eval.batch_size=4"]  # 16 test images: 4 blocks
+    r1 = run_module("tasks.evaluate", *args, root=one)
+    assert r1.returncode == 0, r1.stderr[-2000:]
+    r2 = run_module("tasks.evaluate", *args, "--set", "resources.num_processes=2", root=two)
+    assert r2.returncode == 0, r2.stderr[-2000:]
+    assert "evaluating base in 2 processes" in r2.stderr
+    step = "eval/ci/base/steps/000000"
+    for name in ("eval/ci/base/metrics.json", f"{step}/scores.jsonl", f"{step}/metrics.json"):
+        assert (one / name).read_bytes() == (two / name).read_bytes(), name
+    images = sorted(p.relative_to(one / step) for p in (one / step / "images").rglob("*.jpg"))
+    assert len(images) == 16
+    assert all((one / step / p).read_bytes() == (two / step / p).read_bytes() for p in images)
+
+    def logged(root):
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db")
+        exp = client.get_experiment_by_name("jagg-ci")
+        run = client.search_runs([exp.experiment_id], "tags.`jagg.run` = 'base'")[0]
+        return {k: v for k, v in run.data.metrics.items() if k.startswith("eval/")}
+
+    assert logged(one) and logged(one) == logged(two)
+
+    # A killed evaluation: the second block's images are gone; only they are generated again.
+    stamps = {p: (two / step / p).stat().st_mtime_ns for p in images}
+    gone = images[4:8]
+    for p in gone:
+        (two / step / p).unlink()
+    r3 = run_module("tasks.evaluate", *args, "--set", "resources.num_processes=2", root=two)
+    assert r3.returncode == 0, r3.stderr[-2000:]
+    assert [p for p in images if (two / step / p).stat().st_mtime_ns != stamps.get(p)] == gone
+    assert json.loads((two / step / "metrics.json").read_text()) == json.loads((one / step / "metrics.json").read_text())

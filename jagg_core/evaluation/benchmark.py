@@ -4,17 +4,22 @@ The test set is HPDv2's ``benchmark/{anime,concept-art,paintings,photo}.json`` (
 dataset ``zhwang/HPDv2``). Images are laid out as hpsv2's evaluation reads them: ``<root>/<style>/<index:05d>.jpg``,
 image ``index`` generated from prompt ``index`` of that style.
 
-Summary, as hpsv2's ``evaluation.py`` (``evaluate_benchmark``): for each style, the per-image scores in prompt order
-are cut into consecutive blocks of ``block_size`` = 80 images (10 blocks of 80 for the 800 prompts); with ``m_k`` the
-mean of block ``k`` over its images,
+Summary. Per style, as hpsv2's ``evaluation.py`` (``evaluate_benchmark``): the per-image scores in prompt order are
+cut into consecutive blocks of ``block_size`` = 80 images (10 blocks of 80 for the 800 prompts); with ``m_k`` the mean
+of block ``k`` over its images,
 
     block_mean(style) = mean_k m_k,        block_std(style) = sqrt(mean_k (m_k - block_mean)^2)   (population std)
 
-and the benchmark score is the average of ``block_mean`` over the styles. With equal blocks ``block_mean`` is the
-style's plain mean; the std of block means is hpsv2's spread measure. hpsv2 prints both x100; here they stay in the
-reward's own units. A style whose length is not a multiple of ``block_size`` (small toy test sets) ends with one
-shorter block that counts as a block like the others, exactly what hpsv2's ``res[i:i+80] for i in range(0, n, 80)``
-does on such a list; a style shorter than ``block_size`` is one block (std 0).
+With equal blocks ``block_mean`` is the style's plain mean; the std of block means is hpsv2's spread measure. hpsv2
+prints both x100; here they stay in the reward's own units. A style whose length is not a multiple of ``block_size``
+(small toy test sets) ends with one shorter block that counts as a block like the others, exactly what hpsv2's
+``res[i:i+80] for i in range(0, n, 80)`` does on such a list; a style shorter than ``block_size`` is one block (std 0).
+
+Overall, two numbers. ``mean`` is the plain mean over all images of all styles pooled: that is hpsv2's "Average"
+(``np.mean(all_score)``), always. ``benchmark`` (the number reports and curves use) is the average over styles of
+``block_mean``. The two are equal when every style has the same number of images and that number is a multiple of
+``block_size`` or at most ``block_size`` (then each ``block_mean`` is its style's mean), as on the real benchmark (4
+styles x 800); otherwise, as on uneven toy test sets, ``benchmark`` is not hpsv2's "Average" but ``mean`` still is.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "check_style",
     "image_path",
     "load_image",
+    "merge_score_parts",
     "PromptFileError",
     "load_hps_benchmark",
     "score_image_folder",
@@ -148,7 +154,8 @@ def score_image_folder(
     *,
     batch_size: int = 16,
     progress: bool = False,
-) -> dict[str, dict[str, list[float]]]:
+    part: tuple[int, int] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Score every image ``<root>/<style>/<index:05d>.jpg`` against its prompt with every metric.
 
     All files are checked before any model runs. Images of one batch that differ in size are scored in separate
@@ -160,10 +167,13 @@ def score_image_folder(
         metrics: ``{name: fn}``, each a reward function ``fn(images, prompts, metadata) -> (rewards, info)``.
         batch_size: images loaded and scored together.
         progress: show a progress bar.
+        part: ``(rank, world)``: score only this process's batches (batch ``k`` of the folder, counted over styles
+            in order, is rank ``k % world``'s); the batches are those of one process, so the scores are too.
 
     Returns:
         ``scores[key][style]`` = per-image floats in prompt order, for key = each metric name (its reward) and
-        ``<name>/<info key>`` for each per-image (B,) tensor of its info (e.g. ``pickscore/score``).
+        ``<name>/<info key>`` for each per-image (B,) tensor of its info (e.g. ``pickscore/score``). With ``part``:
+        ``scores[key][style]`` = ``{index: float}`` of this process's images, for :func:`merge_score_parts`.
     """
     from tqdm.auto import tqdm
 
@@ -171,6 +181,7 @@ def score_image_folder(
         raise ValueError("at least one metric is needed to score images.")
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}.")
+    rank, world = part or (0, 1)
     paths = {style: [image_path(root, style, i) for i in range(len(ps))] for style, ps in prompts_by_style.items()}
     every = [p for ps in paths.values() for p in ps]
     missing = [p for p in every if not p.is_file()]
@@ -180,31 +191,51 @@ def score_image_folder(
             f"generate the images first."
         )
 
-    scores: dict[str, dict[str, list[float]]] = defaultdict(lambda: {style: [] for style in prompts_by_style})
-    bar = tqdm(total=len(every), desc=f"scoring {Path(root).name}", unit="img", disable=not progress)
-    for style, prompts in prompts_by_style.items():
-        for start in range(0, len(prompts), batch_size):
-            stop = min(start + batch_size, len(prompts))
-            loaded = [load_image(p) for p in paths[style][start:stop]]
-            # Stack consecutive images of equal size; a folder of one method's images is normally one run.
-            for _, run in itertools.groupby(range(start, stop), key=lambda i: loaded[i - start].shape):
-                idx = list(run)
-                images = torch.stack([loaded[i - start] for i in idx])  # (b, 3, H, W)
-                texts = [prompts[i] for i in idx]
-                metadata = [{"style": style, "index": i} for i in idx]
-                for name, fn in metrics.items():
-                    rewards, info = fn(images, texts, metadata)
-                    scores[name][style].extend(rewards.detach().float().cpu().tolist())
-                    for key, value in info.items():
-                        if torch.is_tensor(value) and value.shape == (len(idx),):
-                            scores[f"{name}/{key}"][style].extend(value.detach().float().cpu().tolist())
-                bar.update(len(idx))
+    scores: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: {style: {} for style in prompts_by_style})
+    chunks = [(style, start) for style, prompts in prompts_by_style.items()
+              for start in range(0, len(prompts), batch_size)]
+    mine = [c for k, c in enumerate(chunks) if k % world == rank]
+    bar = tqdm(total=sum(min(batch_size, len(prompts_by_style[s]) - a) for s, a in mine),
+               desc=f"scoring {Path(root).name}", unit="img", disable=not progress)
+    for style, start in mine:
+        prompts = prompts_by_style[style]
+        stop = min(start + batch_size, len(prompts))
+        loaded = [load_image(p) for p in paths[style][start:stop]]
+        # Stack consecutive images of equal size; a folder of one method's images is normally one run.
+        for _, run in itertools.groupby(range(start, stop), key=lambda i: loaded[i - start].shape):
+            idx = list(run)
+            images = torch.stack([loaded[i - start] for i in idx])  # (b, 3, H, W)
+            texts = [prompts[i] for i in idx]
+            metadata = [{"style": style, "index": i} for i in idx]
+            for name, fn in metrics.items():
+                rewards, info = fn(images, texts, metadata)
+                scores[name][style].update(zip(idx, rewards.detach().float().cpu().tolist()))
+                for key, value in info.items():
+                    if torch.is_tensor(value) and value.shape == (len(idx),):
+                        scores[f"{name}/{key}"][style].update(zip(idx, value.detach().float().cpu().tolist()))
+            bar.update(len(idx))
     bar.close()
-    for key, by_style in scores.items():
-        for style, values in by_style.items():
-            if len(values) != len(prompts_by_style[style]):
+    shares = {key: dict(by_style) for key, by_style in scores.items()}
+    return shares if part is not None else merge_score_parts([shares], prompts_by_style)
+
+
+def merge_score_parts(
+    shares: Sequence[Mapping[str, Mapping[str, Mapping[int, float]]]], prompts_by_style: Mapping[str, Sequence[str]]
+) -> dict[str, dict[str, list[float]]]:
+    """The scores of every process (:func:`score_image_folder` with ``part``) as one folder's: per-image floats in
+    prompt order; every image must have every key."""
+    keys = list(dict.fromkeys(k for share in shares for k in share))
+    out: dict[str, dict[str, list[float]]] = {}
+    for key in keys:
+        out[key] = {}
+        for style, prompts in prompts_by_style.items():
+            merged: dict[int, float] = {}
+            for share in shares:
+                merged.update(share.get(key, {}).get(style, {}))
+            if sorted(merged) != list(range(len(prompts))):
                 raise RuntimeError(f"metric output {key!r} was not returned for every image of style {style!r}.")
-    return dict(scores)
+            out[key][style] = [merged[i] for i in range(len(prompts))]
+    return out
 
 
 def score_records(
@@ -248,7 +279,8 @@ def summarize_scores(
         block_size: images per block (hpsv2: 80).
 
     Returns:
-        ``{metric: {"mean": over all images, "n_images", "benchmark": average over styles of block_mean,
+        ``{metric: {"mean": over all images (hpsv2's "Average"), "n_images", "benchmark": average over styles of
+        block_mean (hpsv2's "Average" only for equal styles of whole blocks, see the module docstring),
         "styles": {style: {"mean", "block_mean", "block_std", "n_images", "n_blocks"}}}}``.
     """
     if not scores:

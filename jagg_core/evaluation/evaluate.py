@@ -5,6 +5,11 @@ For each evaluated step the images are written as ``<eval_dir>/steps/<iteration:
 ``metrics.json`` holds the last step's summary and the curve over all evaluated steps (step 0 = the base model).
 Generation is resumable: a step folder records what generated it (checkpoint digest, sampler, seeds) and images
 already there for the same generation are not generated again.
+
+Several processes (``accelerate launch``, one per GPU) share the work by blocks of ``eval.batch_size`` images, dealt
+round-robin (:class:`Part`): each process generates its blocks into the shared image folder and scores its blocks;
+the scores are gathered and rank 0 writes the summaries. Every image is generated and scored in the same batch as in
+one process, so N processes give the metrics of one.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import hashlib
 import io
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -27,13 +33,47 @@ from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed
 from ..storage import atomic_write_bytes, atomic_write_text, base_model_digest
-from .benchmark import image_path, load_hps_benchmark, score_image_folder, score_records, summarize_scores
+from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
+                        summarize_scores)
 
-__all__ = ["EvalError", "test_prompts", "evaluate_run", "evaluate_step"]
+__all__ = ["EvalError", "Part", "test_prompts", "evaluate_run", "evaluate_step"]
 
 
 class EvalError(UserError, RuntimeError):
     """Evaluation cannot run; the message is for the user."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """This process's share of an evaluation: block ``k`` (of ``eval.batch_size`` images) is rank ``k % world``'s.
+
+    With ``world > 1`` a ``torch.distributed`` process group must be initialised (``accelerate launch``)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def mine(self, k: int) -> bool:
+        return k % self.world == self.rank
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
 
 
 def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
@@ -76,8 +116,11 @@ def evaluate_step(
     prompts: Mapping[str, Sequence[str]],
     policy=None,
     progress: bool = False,
+    part: Part = Part(),
 ) -> dict[str, Any]:
-    """Generate (what is missing) and score one step's images; returns and writes its summary."""
+    """Generate (what is missing) and score one step's images; returns and writes its summary.
+
+    With ``part`` of several processes (a collective: every rank calls it), each generates and scores its blocks."""
     from ..rewards import make_reward
     from ..sampling import sample_images
 
@@ -90,33 +133,43 @@ def evaluate_step(
                   "model": params.model.model_dump(mode="json"), "num_steps": ev.num_steps, "seed": ev.seed,
                   "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]}
     marker = out_dir / "generation.json"
-    if marker.exists() and json.loads(marker.read_text()) != generation:
-        shutil.rmtree(images_dir, ignore_errors=True)  # images of another checkpoint or sampler: start over
-    atomic_write_text(marker, json.dumps(generation, indent=2) + "\n")
+    if part.main:
+        if marker.exists() and json.loads(marker.read_text()) != generation:
+            shutil.rmtree(images_dir, ignore_errors=True)  # images of another checkpoint or sampler: start over
+        atomic_write_text(marker, json.dumps(generation, indent=2) + "\n")
+    part.barrier()
 
-    todo = [(s, i) for s_idx, (s, ps) in enumerate(prompts.items()) for i in range(len(ps))
-            if not image_path(images_dir, s, i).is_file()]
-    if todo:
+    todo = [(s, i) for s, ps in prompts.items() for i in range(len(ps)) if not image_path(images_dir, s, i).is_file()]
+    blocks = [todo[k : k + ev.batch_size] for k in range(0, len(todo), ev.batch_size)]
+    mine = [b for k, b in enumerate(blocks) if part.mine(k)]
+    if mine:
         if policy is None:
             policy = policy_from_params(params, layout, pick_device(params))
         if weights is not None:
             load_trainable_state_dict(policy.transformer, weights)
         styles = list(prompts)
-        for start in range(0, len(todo), ev.batch_size):
-            batch = todo[start : start + ev.batch_size]
+        for batch in mine:
             texts = [prompts[s][i] for s, i in batch]
             seeds = [derive_seed(ev.seed, styles.index(s), i) for s, i in batch]  # fixed per (style, prompt)
             images = sample_images(policy, texts, num_steps=ev.num_steps, seeds=seeds, batch_size=ev.batch_size)
             for (s, i), img in zip(batch, images):
                 _save_jpeg(image_path(images_dir, s, i), img)
+    part.barrier()  # every image is there
 
     metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
-    scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
+    if part.world == 1:
+        scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
+    else:
+        shares = part.gather(score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size,
+                                                progress=progress and part.main, part=(part.rank, part.world)))
+        scores = merge_score_parts(shares, prompts)
     summary = summarize_scores(scores, block_size=ev.block_size)
     result = {"step": step, "metrics": summary}
-    atomic_write_text(out_dir / "scores.jsonl",
-                      "".join(json.dumps(r) + "\n" for r in score_records(prompts, scores)))
-    atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
+    if part.main:
+        atomic_write_text(out_dir / "scores.jsonl",
+                          "".join(json.dumps(r) + "\n" for r in score_records(prompts, scores)))
+        atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
+    part.barrier()
     return result
 
 
@@ -139,11 +192,14 @@ def evaluate_run(
     logger: MetricLogger | None = None,
     progress: bool = False,
     report: Callable[[str], None] | None = None,
+    part: Part = Part(),
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Evaluate every retained checkpoint of ``run`` (or the base model for ``run == "base"``) and write
     ``<eval_dir>/metrics.json`` with the last step's summary and the curve over steps.
 
-    ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step.
+    ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step. With ``part`` of several
+    processes, each generates and scores its share on ``device`` (its own GPU); rank 0 writes and logs.
     """
     logger = logger or NullLogger()
     prompts = test_prompts(params, layout)
@@ -161,13 +217,15 @@ def evaluate_run(
     for step, ckpt in steps:
         weights = None
         if ckpt is not None:
-            name = "ema" if use_ema and (ckpt.path / "ema.safetensors").exists() else "trainable"
-            weights = ckpt.tensors(name)
+            weights = ckpt.tensors("ema" if use_ema and ckpt.has("ema") else "trainable")
         if policy is None:
-            policy = policy_from_params(params, layout, pick_device(params))
+            policy = policy_from_params(params, layout, device or pick_device(params))
         res = evaluate_step(params, layout, eval_dir / "steps" / f"{step:06d}", weights=weights, step=step,
-                            prompts=prompts, policy=policy, progress=progress)
+                            prompts=prompts, policy=policy, progress=progress, part=part)
         flat = _flat(res["metrics"])
+        if not part.main:
+            curve.append({"step": step, **flat})
+            continue
         logger.log_metrics(flat, step)
         if report is not None:
             report(f"evaluate {run}: step {step} ({len(curve) + 1}/{len(steps)}): " +
@@ -175,6 +233,8 @@ def evaluate_run(
         curve.append({"step": step, **flat})
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
+    if not part.main:
+        return final
     atomic_write_text(eval_dir / "metrics.json", json.dumps(final, indent=2) + "\n")
     # The curve as a DVC plot (`dvc plots show`): one row per evaluated step; `main` is the benchmark score of the
     # first of eval.metrics, the same field name on every profile.
