@@ -3,6 +3,7 @@
     jagg run [--profile toy]           the reproduction flow end to end (Prefect, in-process)
     jagg prepare | pretrain | train | evaluate | report   one stage (as dvc.yaml runs them)
     jagg bench                         update-stage benchmark (exact vs JAGG vs ablate)
+    jagg smoke [--device cpu]          GPU smoke test: a tiny random Flux, every method 4 iterations in bf16
     jagg plan --profile flux           what a real profile's run costs (memory, FLOPs, GPU hours), before renting GPUs
     jagg export --run jagg-s0          a checkpoint as a diffusers transformer folder or a LoRA file
     jagg services up | down | status   Prefect server + worker + deployments, MLflow UI (loopback)
@@ -23,6 +24,7 @@ STAGES = {
     "report": "tasks.report",
     "run": "flows.run",
     "bench": "tasks.bench",
+    "smoke": "tasks.smoke",
     "plan": "tasks.plan",
     "export": "tasks.export",
     "services": "tasks.services",

@@ -12,18 +12,10 @@ from pathlib import Path
 
 import torch
 
+from jagg_core.bench.smoke import clip_tokenizer, t5_tokenizer  # noqa: F401  (the smoke test's tiny Flux uses them too)
+
 LETTERS = string.ascii_lowercase
 IMAGE_SIZE = 32  # pixels; every tiny VAE maps it to a small latent
-
-
-def clip_tokenizer(max_length: int = 40):
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in LETTERS:  # no merges: every word becomes its letters, the last one marked "</w>"
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
 
 
 def empty_clip_tokenizer():
@@ -31,14 +23,6 @@ def empty_clip_tokenizer():
     from transformers import CLIPTokenizer
 
     return CLIPTokenizer(vocab={"<|startoftext|>": 0, "<|endoftext|>": 1}, merges=[])
-
-
-def t5_tokenizer():
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    pieces += [("▁" + c, -3.0) for c in LETTERS] + [(c, -4.0) for c in LETTERS]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0)
 
 
 def empty_t5_tokenizer():

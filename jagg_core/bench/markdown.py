@@ -10,7 +10,8 @@ from typing import Sequence
 
 from ..report import markdown_table
 
-__all__ = ["read_main_job", "render_markdown", "write_markdown"]
+__all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
+           "write_markdown"]
 
 
 def _s(x: float | None) -> str:
@@ -299,8 +300,56 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
                 f"f'bench/*-{{m}}.json'))[-1])) for m in {names!r}], 'docs/benchmarks.md')\"")
     lines += ["## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
-              "profile's policy from its weights; communication is counted on the built-in models only).", ""]
+              "profile's policy from its weights; communication is counted on the built-in models only).", "",
+              *smoke_section()]
     return "\n".join(lines)
+
+
+# The smoke test's figures live between these markers: `jagg smoke --write-docs` fills them in, and regenerating the
+# page (write_markdown) keeps what is there.
+SMOKE_START, SMOKE_END = "<!-- smoke:start -->", "<!-- smoke:end -->"
+
+
+def smoke_section(result: dict | None = None) -> list[str]:
+    """The page's "GPU smoke test" section: what `jagg smoke` runs and checks, then its figures (``result``, from
+    a GPU run) or the statement that they are not measured yet."""
+    lines = [
+        "## GPU smoke test", "",
+        "`scripts/gpu_smoke.sh` (= `.venv/bin/jagg smoke`) needs one GPU and nothing downloaded: it builds a random "
+        "tiny Flux (FLUX.1-dev's pipeline classes and folder layout; 256 px, the 36 M-parameter shape of the `large` "
+        "model; bfloat16 weights under bf16 autocast) and trains it through the real trainer for 4 iterations of "
+        "each method of the `flux` profile — baseline, JAGG, ablate and JAGG with rollout-velocity reuse — with every "
+        "group routed (jagg_frac 1, every group trained). It checks that the PPO ratio is exactly 1 at the first "
+        "optimizer step (iteration 1's `approx_kl` and `clipfrac` exactly 0; exit status 1 otherwise) and reports "
+        "per method the peak GPU memory (`torch.cuda.max_memory_allocated`) and the update stage's median time over "
+        "iterations 2–4 with its speedup over the baseline, in `reports/smoke/flux-cuda.json` and as a table. "
+        "`scripts/gpu_smoke.sh --device cpu` runs the same code at a reduced size (64 px, 8 steps, a one-block "
+        "transformer, no memory figures): `tests/test_gpu_smoke.py` runs it in CI. "
+        "`scripts/gpu_smoke.sh --write-docs docs/benchmarks.md` puts a GPU run's table here.", "",
+        SMOKE_START,
+    ]
+    if result is None:
+        lines += ["**Not yet run on a GPU** (no GPU was available when it was written): no figures yet."]
+    else:
+        from .smoke import render_table
+
+        lines += [f"Measured on {result['created'][:10]} by `scripts/gpu_smoke.sh` (torch "
+                  f"{result['machine'].get('torch', '?')}, diffusers {result['machine'].get('diffusers', '?')}):", "",
+                  render_table(result).rstrip()]
+    return lines + [SMOKE_END, ""]
+
+
+def replace_smoke_block(text: str, block: str) -> str | None:
+    """``text`` with its smoke block (markers included) replaced by ``block``; None if ``text`` has none."""
+    start, end = text.find(SMOKE_START), text.find(SMOKE_END)
+    if start < 0 or end < start:
+        return None
+    return text[:start] + block + text[end + len(SMOKE_END):]
+
+
+def _smoke_block(text: str) -> str | None:
+    start, end = text.find(SMOKE_START), text.find(SMOKE_END)
+    return text[start:end + len(SMOKE_END)] if 0 <= start < end else None
 
 
 def read_main_job(report_dir: str | Path) -> dict:
@@ -335,7 +384,8 @@ def _main_job(job: dict, figure: str) -> list[str]:
 
 def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | None = None) -> Path:
     """The page, and beside it ``bench/iteration-<model>.png`` per model (the iteration's stacked bar); with
-    ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure."""
+    ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure. The smoke test's block of an
+    existing page (its GPU figures) is kept."""
     import shutil
 
     from ..storage import atomic_write_text
@@ -352,5 +402,8 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
         shutil.copyfile(Path(main_job["dir"]) / "iteration.png", path.parent / rel)
         head, sep, tail = text.partition("## Reproduce")
         text = head + "\n".join(_main_job(main_job, rel)) + "\n" + sep + tail
+    old = _smoke_block(path.read_text()) if path.exists() else None
+    if old:  # the smoke test's figures are not the bench's to drop
+        text = replace_smoke_block(text, old) or text
     atomic_write_text(path, text)
     return path
