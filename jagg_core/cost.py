@@ -11,6 +11,16 @@ from __future__ import annotations
 __all__ = ["update_cost", "ideal_speedup"]
 
 
+def group_forwards(steps: int, mode: str, *, anchors: int, reuse: bool) -> tuple[int, int]:
+    """(with-grad forwards, no-grad forwards) of one group of ``steps`` steps: exact keeps a graph per step; JAGG and
+    the ablation keep ``anchors`` graphs and recompute the middle velocities without one, unless the rollout's are
+    reused."""
+    if mode == "exact":
+        return steps, 0
+    k = min(anchors, steps)
+    return k, 0 if reuse else steps - k
+
+
 def update_cost(*, grad_forwards: float, nograd_forwards: float, f0: float = 1.0, f: float = 1.0,
                 b: float = 2.0) -> float:
     """Cost of an update with ``grad_forwards`` graphs (forward + backward each) and ``nograd_forwards`` forwards."""

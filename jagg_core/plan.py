@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Params, ResolvedMethod
+from .cost import group_forwards
 
 __all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
            "implied_utilisation", "plan"]
@@ -83,26 +84,23 @@ def _lora_params(arch: Architecture, rank: int) -> float:
 
 
 def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
-    """Per image and iteration, the expected with-grad forwards, no-grad forwards and backwards of the update (in
-    steps), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole groups."""
+    """Per image and iteration, the expected with-grad and no-grad forwards of the update (in steps; a backward per
+    with-grad forward), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole
+    groups."""
     from .jagg import plan_groups
+    from .trainer.loop import AUTO_FALLBACK_JAGG_FRAC
 
     sample = params.sample
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
-    groups = plan_groups(trained, method.window, float(method.jagg_frac) if method.jagg_frac != "auto" else 0.6,
-                         mode=method.mode)
+    frac = AUTO_FALLBACK_JAGG_FRAC if method.jagg_frac == "auto" else float(method.jagg_frac)
+    groups = plan_groups(trained, method.window, frac, mode=method.mode)
     keep = (max(1, round(sample.timestep_fraction * len(groups))) / len(groups)
             if sample.recipe == "dance_grpo" else 1.0)
     grad = nograd = 0.0
     for g in groups:
-        w = len(g.steps)
-        if g.mode == "exact":
-            grad += w
-        else:
-            k = min(method.anchors, w)
-            grad += k
-            nograd += 0 if method.reuse_rollout_velocity else w - k
-    return {"grad": grad * keep, "nograd": nograd * keep, "trained_steps": trained * keep}
+        k, n = group_forwards(len(g.steps), g.mode, anchors=method.anchors, reuse=method.reuse_rollout_velocity)
+        grad, nograd = grad + k, nograd + n
+    return {"grad": grad * keep, "nograd": nograd * keep}
 
 
 def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION) -> dict[str, Any]:
@@ -151,7 +149,7 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         m = params.method(name)
         units = _update_units(params, m)
         update = images * (units["grad"] * (f + b) + units["nograd"] * f)
-        graphs = 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, params.jagg.window)
+        graphs = 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window)
         row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
                "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,

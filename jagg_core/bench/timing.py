@@ -21,7 +21,7 @@ import torch
 
 from ..config import ResolvedMethod
 from ..jagg import Group
-from ..cost import update_cost
+from ..cost import group_forwards, update_cost
 from ..policies.base import Policy
 from ..trainer.rollout import rollout
 from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
@@ -217,9 +217,7 @@ def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, 
     middle forwards dropped with reuse."""
     total = 0.0
     for g in per_group:
-        w = g["steps"]
-        k = w if g["mode"] == "exact" else min(method.anchors, w)
-        nograd = 0 if g["mode"] == "exact" or method.reuse_rollout_velocity else w - k
+        k, nograd = group_forwards(g["steps"], g["mode"], anchors=method.anchors, reuse=method.reuse_rollout_velocity)
         total += update_cost(grad_forwards=k, nograd_forwards=nograd, f0=f0, f=f, b=b)
     return total
 
