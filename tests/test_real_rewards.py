@@ -18,7 +18,7 @@ import torch
 from jagg_core.evaluation import score_image_folder
 from jagg_core.rewards import RewardError, available_rewards, make_reward
 from jagg_core.rewards.clipscore import make_clipscore
-from jagg_core.rewards.hps import make_hps
+from jagg_core.rewards.hps import hps_pixels, make_hps
 from jagg_core.rewards.pickscore import make_pickscore
 
 TINY_OPEN_CLIP = "jagg-test-tiny-clip"
@@ -125,18 +125,45 @@ def to_pil(images: torch.Tensor) -> list:
     return [Image.fromarray(a) for a in pixels]
 
 
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OpenAI CLIP's, which hpsv2 normalises with
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def hps_reference_pixels(im, size: int) -> torch.Tensor:
+    """hpsv2's ``preprocess_val`` on one PIL image, step by step: (3, size, size) float32.
+
+    ToTensor; resize the float tensor (bicubic, antialiased) so that the longest side is ``size``, new sides
+    ``round(side * size / longest)``; pad with 0 to a square, ``pad // 2`` left/top and the rest right/bottom (hpsv2
+    skips the pad when no resize is needed, which only a non-square image with longest side ``size`` notices; the
+    reward pads it); normalise with CLIP's mean/std.
+    """
+    from torchvision.transforms import InterpolationMode, ToTensor
+    from torchvision.transforms import functional as TF
+
+    x = ToTensor()(im)  # (3, H, W) float32, uint8 / 255
+    h, w = x.shape[1:]
+    scale = size / max(h, w)
+    new_h, new_w = round(h * scale), round(w * scale)
+    if scale != 1:
+        x = TF.resize(x, [new_h, new_w], InterpolationMode.BICUBIC, antialias=True)
+    canvas = torch.zeros(3, size, size)
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    canvas[:, top : top + new_h, left : left + new_w] = x
+    mean, std = torch.tensor(CLIP_MEAN)[:, None, None], torch.tensor(CLIP_STD)[:, None, None]
+    return (canvas - mean) / std
+
+
 def hps_reference(checkpoint: Path, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     import open_clip
 
     model = open_clip.create_model(TINY_OPEN_CLIP, pretrained=None)
     model.load_state_dict(torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"])
     model = model.double().eval()
-    preprocess = open_clip.image_transform(32, is_train=False, resize_mode="longest", fill_color=0)
     tokenizer = open_clip.get_tokenizer(TINY_OPEN_CLIP)
     out = []
     with torch.no_grad():
         for im, prompt in zip(to_pil(images), prompts):
-            f_img = model.encode_image(preprocess(im)[None].double())[0]
+            f_img = model.encode_image(hps_reference_pixels(im, 32)[None].double())[0]
             f_txt = model.encode_text(tokenizer([prompt]))[0]
             out.append(f_img @ f_txt / (f_img.norm() * f_txt.norm()))
     return torch.stack(out)
@@ -181,6 +208,29 @@ def test_hps_batched_equals_one_by_one(hps_checkpoint):
     batched, _ = make_hps(checkpoint=str(hps_checkpoint), model_name=TINY_OPEN_CLIP, batch_size=16)(images, PROMPTS, [])
     single, _ = make_hps(checkpoint=str(hps_checkpoint), model_name=TINY_OPEN_CLIP, batch_size=1)(images, PROMPTS, [])
     torch.testing.assert_close(batched, single, atol=1e-6, rtol=0)  # float32 matmul blocking differs, nothing else
+
+
+# (H, W) for an input size of 32: shrunk, wide and tall, with odd padding (40 x 48 -> 27 x 32); halves rounded to
+# even as Python's round does (37 * 32/64 = 18.5 -> 18, 39 * 32/64 = 19.5 -> 20); enlarged (13 x 20 -> 21 x 32);
+# longest side already 32 (padded only, where hpsv2 would not pad); square 32 (as is).
+HPS_SIZES = [(40, 48), (50, 31), (37, 64), (39, 64), (13, 20), (24, 32), (32, 19), (32, 32), (96, 96)]
+
+
+@pytest.mark.parametrize("size", HPS_SIZES, ids=[f"{h}x{w}" for h, w in HPS_SIZES])
+def test_hps_pixels_are_hpsv2_preprocess_val_step_by_step(size):
+    images = smooth_images(3, *size, seed=2)
+    pixels = hps_pixels(images, 32)
+    assert pixels.dtype == torch.float32 and pixels.shape == (3, 3, 32, 32)
+    reference = torch.stack([hps_reference_pixels(im, 32) for im in to_pil(images)])
+    assert torch.equal(pixels, reference), (pixels - reference).abs().max()
+
+
+@pytest.mark.parametrize("size", [(37, 64), (24, 32), (50, 31)], ids=["37x64", "24x32", "50x31"])
+def test_hps_scores_other_sizes(hps_checkpoint, size):
+    fn = make_hps(checkpoint=str(hps_checkpoint), model_name=TINY_OPEN_CLIP)
+    images = smooth_images(len(PROMPTS), *size, seed=4)
+    rewards, _ = fn(images, PROMPTS, [])
+    torch.testing.assert_close(rewards.double(), hps_reference(hps_checkpoint, images, PROMPTS), atol=1e-5, rtol=0)
 
 
 def test_hps_checkpoint_formats_and_hub_cache(hps_checkpoint, tmp_path, hub_cache):

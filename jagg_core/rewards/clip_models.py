@@ -6,9 +6,10 @@ folder without its config or weights, a tokenizer that loaded empty (offline ``t
 for a hub id it cannot fetch) -- raises :class:`RewardError` with one sentence that names the path, the option to
 set and where the weights are published. Nothing ever falls back to random weights.
 
-Images reach every model the same way: (B, 3, H, W) floats in [0, 1] are rounded to 8-bit RGB PIL images, as Flow-GRPO
-and DDPO do before their scorers, so a batch of tensors and the same images saved and reloaded as files score the
-same (exactly for lossless files, within JPEG error otherwise).
+Images reach every model rounded to 8 bits: (B, 3, H, W) floats in [0, 1] become 8-bit RGB PIL images (HPSv2.1 takes
+the same 8-bit values as a tensor, see hps.py), as Flow-GRPO and DDPO do before their scorers, so a batch of tensors
+and the same images saved and reloaded as files score the same (exactly for lossless files, within JPEG error
+otherwise).
 """
 
 from __future__ import annotations

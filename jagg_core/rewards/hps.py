@@ -8,9 +8,16 @@ The score is hpsv2's: the cosine of the L2-normalised image and text features,
 ``hps = <f_img / |f_img|, f_txt / |f_txt|>`` (no logit scale), ~0.25-0.37 on real images -- the raw scale GRPO
 trainers (Flow-GRPO, DanceGRPO) use as the reward. HPSv2's tables report it x100 (e.g. 27.4 for 0.274).
 
-Preprocessing is hpsv2's evaluation transform: resize the longest side to the model's input size (bicubic), pad to a
-square with black, normalise with CLIP's mean/std (``open_clip.image_transform(224, is_train=False,
-resize_mode='longest', fill_color=0)``), applied to the images rounded to 8 bits.
+Preprocessing is hpsv2's ``preprocess_val`` (of ``create_model_and_transforms(..., light_augmentation=True)``:
+``ToTensor`` then ``ResizeMaxSize``) pixel for pixel, batched (tested in tests/test_hps_reference.py): the images
+rounded to 8 bits (as an image file stores them) are taken as floats ``uint8 / 255``; that float tensor is resized so
+that its longest side is the model's input size (bicubic, with torchvision's default antialiasing; new sides
+``round(side * size / longest)``, Python's ``round``), padded to a square with 0 (``pw // 2`` left, ``ph // 2`` top,
+the rest right and bottom) and normalised with CLIP's mean/std. Unlike hpsv2, a non-square image whose longest side
+already is the input size is padded too (hpsv2 leaves it unpadded, which its model cannot take). This is not
+``open_clip.image_transform(..., resize_mode='longest')``, which resizes the 8-bit image and rounds the result to 8
+bits again (2.7e-5 off in the score on that test's random ViT-H-14). It runs in float32 on the model's device: on the
+CPU it is bit-identical to ``preprocess_val``; on a GPU, CUDA's resampling kernel may round the last bit differently.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .base import RewardFn, register_reward
+from .base import RewardError, RewardFn, register_reward
 from .clip_models import (
     Published,
     check_batch_size,
@@ -27,14 +34,41 @@ from .clip_models import (
     chunks,
     load_open_clip,
     parse_dtype,
-    to_pil_images,
 )
 
-__all__ = ["HPS_CHECKPOINT", "HPS_REPO", "make_hps"]
+__all__ = ["HPS_CHECKPOINT", "HPS_REPO", "hps_pixels", "make_hps"]
 
 HPS_REPO = "xswu/HPSv2"
 HPS_CHECKPOINT = "HPS_v2.1_compressed.pt"
 _OPTIONS = "reward.options.hpsv2.1"
+
+
+def hps_pixels(images: torch.Tensor, size: int, device: str | torch.device = "cpu") -> torch.Tensor:
+    """hpsv2's ``preprocess_val``, batched (module docstring).
+
+    Args:
+        images: (B, 3, H, W) floats in [0, 1].
+        size: the model's input size (224 for ViT-H-14).
+        device: where to compute.
+
+    Returns:
+        (B, 3, size, size) float32 on ``device``.
+    """
+    import open_clip
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    # Rounded to 8 bits as in to_pil_images, then ToTensor's uint8 / 255 (exact integers: the same floats).
+    x = (images.detach().to(device).float().clamp(0, 1) * 255).round() / 255  # (B, 3, H, W)
+    height, width = x.shape[-2:]
+    # hpsv2's ResizeMaxSize.forward, line for line (its resize and pad only when scale != 1; the pad always here).
+    scale = size / float(max(height, width))
+    new_size = [round(dim * scale) for dim in (height, width)]
+    if scale != 1.0:
+        x = TF.resize(x, new_size, InterpolationMode.BICUBIC)  # antialias=True, torchvision's default
+    pad_h, pad_w = size - new_size[0], size - new_size[1]
+    x = TF.pad(x, padding=[pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2], fill=0)
+    return TF.normalize(x, open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)  # (B, 3, size, size)
 
 
 @register_reward("hpsv2.1")
@@ -71,18 +105,21 @@ def make_hps(
         model_name, checkpoint, filename=HPS_CHECKPOINT, published=published, model_name_option=f"{_OPTIONS}.model_name"
     )
     model = model.to(device=device, dtype=torch_dtype)
-    image_size = open_clip.get_model_preprocess_cfg(model)["size"]  # 224 for ViT-H-14
-    preprocess = open_clip.image_transform(image_size, is_train=False, resize_mode="longest", fill_color=0)
+    image_size = open_clip.get_model_preprocess_cfg(model)["size"]  # (224, 224) for ViT-H-14
+    if isinstance(image_size, (tuple, list)):  # hpsv2's image_transform takes a square one as its side
+        if image_size[0] != image_size[1]:
+            raise RewardError(f"{_OPTIONS}.model_name {model_name!r} has a non-square input size {tuple(image_size)}: "
+                              f"HPSv2's preprocessing pads to a square; use a model config with a square image_size.")
+        image_size = image_size[0]
 
     @torch.no_grad()
     def fn(
         images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         check_inputs(images, prompts)
-        pil = to_pil_images(images)
-        cos = torch.empty(len(pil), dtype=torch.float32)
-        for part in chunks(len(pil), batch_size):
-            pixels = torch.stack([preprocess(im) for im in pil[part]]).to(device, torch_dtype)  # (b, 3, S, S)
+        cos = torch.empty(len(images), dtype=torch.float32)
+        for part in chunks(len(images), batch_size):
+            pixels = hps_pixels(images[part], image_size, device).to(torch_dtype)  # (b, 3, S, S)
             tokens = tokenizer(list(prompts[part])).to(device)  # (b, 77)
             # Normalise and sum in float32: in bf16 the cosine itself would be rounded to ~3 significant digits.
             f_img = torch.nn.functional.normalize(model.encode_image(pixels).float(), dim=-1)  # (b, D)
