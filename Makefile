@@ -13,6 +13,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
+# hpsv2x (hpsv2 with its BPE vocabulary): test-only reference of tests/test_hps_reference.py. --no-deps because it
+# pins pytest==7.2.0 and protobuf<4, which our stack cannot take; the test does without its other dependencies.
+	$(BIN)/python -m pip install --quiet --no-deps hpsv2x==1.2.0
 	touch $@
 
 setup: $(VENV)/.installed
