@@ -450,3 +450,34 @@ def test_clipscore_missing_model_word_for_word(hub_cache):
         "cache: download the Hugging Face repo openai/clip-vit-base-patch32 and set reward.options.clipscore.model to "
         "its local path."
     )
+
+
+def test_reward_networks_leave_the_gpu_while_generation_needs_it(hps_checkpoint):
+    """Each network reward exposes its model as fn.modules; rewards_off_device moves the ones on an accelerator to
+    the CPU for the block and back (on this CPU-only machine: a no-op that leaves the scores unchanged)."""
+    from jagg_core.rewards import rewards_off_device
+
+    fn = make_hps(checkpoint=str(hps_checkpoint), model_name=TINY_OPEN_CLIP)
+    (model,) = fn.modules
+    assert isinstance(model, torch.nn.Module) and next(model.parameters()).device.type == "cpu"
+    images = torch.rand(2, 3, 24, 40, generator=torch.Generator().manual_seed(0))
+    before, _ = fn(images, PROMPTS[:2], [])
+    with rewards_off_device([fn]):
+        assert next(model.parameters()).device.type == "cpu"
+    after, _ = fn(images, PROMPTS[:2], [])
+    assert torch.equal(before, after)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_reward_networks_on_the_gpu_are_parked_on_the_cpu_and_brought_back(hps_checkpoint):
+    from jagg_core.rewards import rewards_off_device
+
+    fn = make_hps(checkpoint=str(hps_checkpoint), model_name=TINY_OPEN_CLIP, device="cuda")
+    (model,) = fn.modules
+    images = torch.rand(2, 3, 24, 40, generator=torch.Generator().manual_seed(0))
+    before, _ = fn(images, PROMPTS[:2], [])
+    with rewards_off_device([fn]):
+        assert next(model.parameters()).device.type == "cpu"
+    assert next(model.parameters()).device.type == "cuda"
+    after, _ = fn(images, PROMPTS[:2], [])
+    assert torch.equal(before, after)

@@ -121,7 +121,7 @@ def evaluate_step(
     """Generate (what is missing) and score one step's images; returns and writes its summary.
 
     With ``part`` of several processes (a collective: every rank calls it), each generates and scores its blocks."""
-    from ..rewards import make_reward
+    from ..rewards import loaded_rewards, make_reward, rewards_off_device
     from ..sampling import sample_images
 
     ev = params.eval
@@ -148,12 +148,13 @@ def evaluate_step(
         if weights is not None:
             load_trainable_state_dict(policy.transformer, weights)
         styles = list(prompts)
-        for batch in mine:
-            texts = [prompts[s][i] for s, i in batch]
-            seeds = [derive_seed(ev.seed, styles.index(s), i) for s, i in batch]  # fixed per (style, prompt)
-            images = sample_images(policy, texts, num_steps=ev.num_steps, seeds=seeds, batch_size=ev.batch_size)
-            for (s, i), img in zip(batch, images):
-                _save_jpeg(image_path(images_dir, s, i), img)
+        with rewards_off_device(loaded_rewards()):  # the scorers of the last step wait on the CPU meanwhile
+            for batch in mine:
+                texts = [prompts[s][i] for s, i in batch]
+                seeds = [derive_seed(ev.seed, styles.index(s), i) for s, i in batch]  # fixed per (style, prompt)
+                images = sample_images(policy, texts, num_steps=ev.num_steps, seeds=seeds, batch_size=ev.batch_size)
+                for (s, i), img in zip(batch, images):
+                    _save_jpeg(image_path(images_dir, s, i), img)
     part.barrier()  # every image is there
 
     metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}

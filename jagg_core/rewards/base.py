@@ -6,13 +6,16 @@ its options), and the returned function is called on batches.
 - ``images``: (B, 3, H, W) float tensor in [0, 1] (on any device).
 - ``prompts``: B strings. ``metadata``: B dicts (the world's parsed scene for the toy rewards; may be empty).
 - returns ``rewards``: (B,) float32 CPU tensor, and ``info``: a dict of extra per-image (B,) tensors or scalars.
+
+A reward built on a neural network exposes it as ``fn.modules`` (a tuple of ``torch.nn.Module``): then
+:func:`rewards_off_device` can move it to the CPU while the policy needs the GPU (evaluation's generation) and back.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import inspect
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
@@ -27,6 +30,8 @@ __all__ = [
     "make_reward",
     "make_weighted_reward",
     "register_reward",
+    "rewards_off_device",
+    "loaded_rewards",
 ]
 
 
@@ -63,9 +68,38 @@ def _freeze(options: Mapping[str, Any]) -> tuple:
     return tuple(sorted((k, _freeze(v) if isinstance(v, Mapping) else v) for k, v in options.items()))
 
 
-@functools.lru_cache(maxsize=None)
+_BUILT: dict[tuple[str, tuple], RewardFn] = {}  # (name, frozen options) -> the reward built in this process
+
+
 def _cached(name: str, frozen: tuple) -> RewardFn:
-    return _FACTORIES[name](**dict(frozen))
+    if (name, frozen) not in _BUILT:
+        _BUILT[name, frozen] = _FACTORIES[name](**dict(frozen))
+    return _BUILT[name, frozen]
+
+
+def loaded_rewards() -> list[RewardFn]:
+    """The rewards this process has built so far (each once per options)."""
+    return list(_BUILT.values())
+
+
+@contextlib.contextmanager
+def rewards_off_device(fns: Iterable[RewardFn]) -> Iterator[None]:
+    """Move the networks of ``fns`` (``fn.modules``) that sit on an accelerator to the CPU for the duration of the
+    block, then back where they were: the GPU memory goes to what runs in the block (e.g. generation)."""
+    moved: list[tuple[torch.nn.Module, torch.device]] = []
+    for fn in fns:
+        for module in getattr(fn, "modules", ()):
+            device = next(module.parameters()).device
+            if device.type != "cpu":
+                module.to("cpu")
+                moved.append((module, device))
+    if moved and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        for module, device in moved:
+            module.to(device)
 
 
 def check_reward_options(name: str, options: Mapping[str, Any]) -> None:

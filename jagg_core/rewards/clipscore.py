@@ -87,4 +87,5 @@ def make_clipscore(
             cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], texts[part]).cpu()
         return cos, {"clipscore": CLIPSCORE_W * cos.clamp(min=0)}
 
+    fn.modules = (clip,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
     return fn

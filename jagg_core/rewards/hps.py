@@ -127,4 +127,5 @@ def make_hps(
             cos[part] = (f_img * f_txt).sum(-1).cpu()
         return cos, {}
 
+    fn.modules = (model,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
     return fn

@@ -87,4 +87,5 @@ def make_pickscore(
         score = logit_scale * cos  # (B,)
         return score / PICKSCORE_NORM, {"score": score, "cos": cos}
 
+    fn.modules = (clip,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
     return fn
