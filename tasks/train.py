@@ -188,16 +188,14 @@ def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> Non
 
 def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
     """Where a run's last checkpoint is and the SHA-256 of its manifest (which holds every file's SHA-256)."""
-    import hashlib
-
-    from jagg_core.trainer.checkpoint import list_checkpoints
+    from jagg_core.trainer.checkpoint import file_sha256, list_checkpoints
 
     found = list_checkpoints(lay.checkpoints(run))
     if not found:
         return {}
     last = found[-1]
     return {"jagg.checkpoint": str(last.path.relative_to(lay.root)), "jagg.checkpoint_iteration": str(last.iteration),
-            "jagg.checkpoint_manifest_sha256": hashlib.sha256((last.path / "manifest.json").read_bytes()).hexdigest()}
+            "jagg.checkpoint_manifest_sha256": file_sha256(last.path / "manifest.json")}
 
 
 def _launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, deque]:  # noqa: ANN001

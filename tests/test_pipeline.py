@@ -7,15 +7,14 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from tasks.common import free_port
 
 BIN = Path(sys.executable).parent
 
@@ -144,11 +143,6 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     assert plots.returncode == 0 and "eval/ci/jagg-s0/curve.json" in plots.stdout, plots.stderr[-2000:]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _flow_artifacts(api: str, flow_run_id: str) -> dict[str, dict]:
     """key -> {type, data} of a flow run's artifacts, read back through the Prefect server's REST API."""
@@ -171,7 +165,7 @@ def _get(url: str) -> bytes:
 @pytest.mark.slow
 def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
     root = _clone(tmp_path)
-    port, mlflow_port = _free_port(), _free_port()
+    port, mlflow_port = free_port(), free_port()
     up = _run([str(BIN / "jagg"), "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port)],
               root, timeout=300)
     api = f"http://127.0.0.1:{port}/api"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
+from tasks.common import free_port
 from jagg_core.config import load_params
 from jagg_core.paths import Layout
 from jagg_core.trainer import CheckpointError, TrainingError, latest_checkpoint, list_checkpoints, train
@@ -189,19 +190,12 @@ def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci
     assert len((Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()) == 3
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 class _MlflowServer:
     """A real `mlflow server` on a sqlite store, that a test can stop and start again on the same port."""
 
     def __init__(self, root: Path):
-        self.root, self.port, self.proc = root, _free_port(), None
+        self.root, self.port, self.proc = root, free_port(), None
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:

@@ -40,6 +40,7 @@ from ..storage import atomic_write_text, replace_dir
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "file_sha256",
     "latest_checkpoint",
     "list_checkpoints",
     "load_sharded_state",
@@ -94,7 +95,8 @@ class Checkpoint:
                                   f"or was tampered with: move checkpoint {self.iteration} aside.") from None
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 1 MiB chunks (what manifests record)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -143,7 +145,7 @@ def save_checkpoint(
                 f.flush()
                 os.fsync(f.fileno())
         fault("checkpoint", iteration)  # reliability tests: killed or out of space mid-write
-        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)} for name in files}
+        manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)} for name in files}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
         replace_dir(tmp, final)  # a re-run of the same iteration replaces it; a complete copy is always there
     except OSError as e:
@@ -261,7 +263,7 @@ def save_sharded_checkpoint(
         text = json.dumps({"iteration": iteration, "format": "dcp", "world_size": dist.get_world_size() if dist else 1,
                            **state}, indent=2, default=str) + "\n"
         atomic_write_text(tmp / "state.json", text)
-        manifest = {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+        manifest = {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
                     for f in [*files, tmp / "state.json"]}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
         replace_dir(tmp, final)
@@ -323,7 +325,7 @@ def verify_checkpoint(path: Path) -> str | None:
         f = path / name
         if not f.exists():
             return f"{name} is missing"
-        if f.stat().st_size != meta["bytes"] or _sha256(f) != meta["sha256"]:
+        if f.stat().st_size != meta["bytes"] or file_sha256(f) != meta["sha256"]:
             return f"{name} does not match its recorded checksum"
     return None
 
