@@ -77,3 +77,22 @@ def uninterrupted(ci_base, tmp_path_factory):
 
     get.roots = roots  # method -> the project root it trained in (its curve, checkpoints)
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _log_handlers_outlive_pytest():
+    """Prefect's console handlers hold the stream that was sys.stderr when Prefect was imported — pytest's capture,
+    closed when the session ends; Prefect's temporary server logs "Stopping temporary server" at interpreter exit,
+    after that. Point Prefect's stream handlers at the real stderr when the session ends, so that line is printed
+    rather than reported as a logging error."""
+    import logging
+
+    yield
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if type(handler).__module__.startswith("prefect") and isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.__stderr__)
+                if getattr(handler, "console", None) is not None:  # PrefectConsoleHandler prints through rich
+                    handler.console.file = sys.__stderr__
