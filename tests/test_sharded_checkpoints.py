@@ -257,3 +257,29 @@ def test_machine_settings_come_from_the_command_line_or_environment(ci_project, 
     out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set", "resources.num_machines=2", *argv,
                      root=ci_project, env=env)
     assert out.returncode == 1 and message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(fsdp_run, tmp_path):
+    """Checkpoint 2 of the 2-process FSDP run, resumed in one process (DCP reshards on load): iterations 3 and 4 end
+    where the 2-process run ends, up to float32 reduction order."""
+    root = tmp_path / "project"
+    shutil.copytree(fsdp_run, root)
+    run_dir = Layout(root, "ci").checkpoints("jagg-s0")
+    for it in (3, 4):
+        shutil.rmtree(run_dir / f"checkpoint-00000{it}")
+    out = run_module("tasks.train", "--worker", *FSDP, root=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "checkpoint-000002 (iteration 2)" in out.stdout + out.stderr
+    want = latest_checkpoint(Layout(fsdp_run, "ci").checkpoints("jagg-s0")).tensors()
+    got = latest_checkpoint(run_dir)
+    assert got.iteration == 4 and not got.sharded  # one process writes the full state
+    tensors = got.tensors()
+    moved = max(float((want[k] - load_base(root)[k]).abs().max()) for k in want)
+    assert max(float((tensors[k] - want[k]).abs().max()) for k in want) <= 1e-4 * moved
+
+
+def load_base(root: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(root / "models/ci/base/transformer/diffusion_pytorch_model.safetensors")
