@@ -133,8 +133,10 @@ def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
     return out
 
 
-def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
-    """One horizontal stacked bar per method: its iteration split into phases (seconds)."""
+def plot_stacked_bars(labels: Sequence[str], rows: Sequence[dict[str, float]], phases: Sequence[str], path: Path, *,
+                      title: str, xlabel: str, label_size: float | None = None) -> bool:
+    """One horizontal bar per row, stacked from its ``phases`` (seconds; a phase that is 0 everywhere is left out);
+    written as a PNG to ``path``. False (nothing written) without rows."""
     if not rows:
         return False
     import matplotlib
@@ -142,29 +144,38 @@ def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> b
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [name for name, _ in PHASES] + ["other"]
-    fig, ax = plt.subplots(figsize=(7.5, 0.6 * len(rows) + 1.6), dpi=120)
+    fig, ax = plt.subplots(figsize=(7.5, (0.6 if label_size is None else 0.35) * len(rows) + 1.6), dpi=120)
     ys = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
     cmap = plt.get_cmap("tab10")
-    for i, name in enumerate(names):
-        widths = [r["phases"][name] for r in rows]
+    for i, name in enumerate(phases):
+        widths = [r[name] for r in rows]
         if not any(w > 0 for w in widths):
             continue
         ax.barh(ys, widths, left=left, color=cmap(i % 10), label=name, height=0.6)
         left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(ys, [f"{r['method']}\n{r['overhead_share']:.1%} overhead" for r in rows])
-    ax.set_xlabel("seconds per iteration (mean)")
+    ax.set_yticks(ys, list(labels), fontsize=label_size)
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="x")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.05 * (4 - min(len(rows), 4))), ncol=5,
-              fontsize=7, frameon=False)
+    from matplotlib.transforms import ScaledTranslation
+
+    # The legend 0.55 inch below the axes, under the x label, whatever the number of bars.
+    below = ax.transAxes + ScaledTranslation(0, -0.55, fig.dpi_scale_trans)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, ncol=5, fontsize=7, frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return True
+
+
+def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
+    """One horizontal stacked bar per method: its iteration split into phases (seconds)."""
+    return plot_stacked_bars([f"{r['method']}\n{r['overhead_share']:.1%} overhead" for r in rows],
+                             [r["phases"] for r in rows], [name for name, _ in PHASES] + ["other"], path,
+                             title=title, xlabel="seconds per iteration (mean)")
 
 
 def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:

@@ -138,34 +138,12 @@ def _plot_iteration(r: dict, path: Path) -> bool:
     it = r.get("iteration")
     if not it:
         return False
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ..storage import atomic_write_bytes
+    from ..report import plot_stacked_bars
 
     rows = it["breakdown"]
-    fig, ax = plt.subplots(figsize=(7.5, 0.35 * len(rows) + 1.6), dpi=110)
-    ys = list(range(len(rows)))[::-1]
-    left = [0.0] * len(rows)
-    for i, name in enumerate(ITERATION_PHASES):
-        widths = [b["phases"][name] for b in rows]
-        ax.barh(ys, widths, left=left, color=f"C{[0, 2, 3, 5][i]}", label=name, height=0.6)
-        left = [a + w for a, w in zip(left, widths)]
-    ax.set_yticks(ys, [b["key"] for b in rows], fontsize=7)
-    ax.set_xlabel("seconds per iteration (one micro-batch)")
-    ax.set_title(f"model {r['model']['name']}: where an iteration's time goes")
-    ax.grid(alpha=0.3, axis="x")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return True
+    return plot_stacked_bars([b["key"] for b in rows], [b["phases"] for b in rows], ITERATION_PHASES, path,
+                             title=f"model {r['model']['name']}: where an iteration's time goes",
+                             xlabel="seconds per iteration (one micro-batch)", label_size=7)
 
 
 def _work(r: dict) -> list[str]:
