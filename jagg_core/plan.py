@@ -183,7 +183,9 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
         "evaluation": evaluation, "paper": PAPER.get(params.profile),
         "commands": [f"jagg run --profile {params.profile}",
-                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run"],
+                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run",
+                     f"jagg train --profile {params.profile} --method <method> --seed 0 --machine-rank <r> "
+                     f"--main-process-ip <machine 0>   # one run on resources.num_machines machines (each its r)"],
     }
 
 
