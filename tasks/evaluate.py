@@ -23,6 +23,7 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
+from .launch import die_with_parent, launch, read_context, write_context
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -71,12 +72,10 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
     from jagg_core.evaluation.evaluate import EvalError
 
-    from .train import _launch, _write_worker_context
-
     fd, name = tempfile.mkstemp(prefix=f"jagg-eval-{run}-", suffix=".json")  # params may hold credentials: 0600
     os.close(fd)
     context = Path(name)
-    _write_worker_context(context, params, lay, "", "")
+    write_context(context, params, lay, "", "")
     n = params.resources.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
            "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
@@ -84,7 +83,7 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     log.info("evaluating %s in %d processes", run, n)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
-        rc, tail = _launch(cmd, lay, env, f"evaluate {run}", log)
+        rc, tail = launch(cmd, lay, env, f"evaluate {run}", log)
     finally:
         context.unlink(missing_ok=True)
     if rc != 0:
@@ -132,9 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by _evaluate_in_processes
     args = ap.parse_args(argv)
     if args.worker_context:
-        from .train import _read_worker_context
+        import signal
 
-        params, lay, _ = _read_worker_context(args.worker_context)
+        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
+        params, lay, _ = read_context(args.worker_context)
         _worker(params, lay, args.run)
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))

@@ -17,11 +17,9 @@ only their workers. The project folder (prompts, checkpoints) must be one path e
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from collections import deque
@@ -38,6 +36,7 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
+from .launch import die_with_parent, launch, read_context, write_context
 
 
 class WorkerDied(TrainingError):
@@ -106,47 +105,6 @@ def accelerate_command(params: Params, method: str, worker_args: list[str], mach
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
 
 
-def _write_worker_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str,
-                          restart: bool = False) -> None:
-    """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
-                   "run_key": key, "restart": restart}, f)
-
-
-def _die_with_parent(sig: int) -> None:
-    """Linux: deliver ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
-def _own_group_dying_with_parent() -> None:  # runs in the child between fork and exec
-    os.setsid()
-    _die_with_parent(signal.SIGKILL)
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """Stop the trainer's whole process group (SIGTERM, then SIGKILL after 30 s) if anything of it still runs."""
-    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            os.killpg(proc.pid, 0)  # the launcher ended; do its workers still run?
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def _remove_stale_contexts(run_dir: Path) -> None:
     """Worker-context files of launchers that no longer run (killed before they could remove theirs)."""
     for p in run_dir.glob(".worker-context-*.json"):
@@ -157,12 +115,6 @@ def _remove_stale_contexts(run_dir: Path) -> None:
             p.unlink(missing_ok=True)
         except PermissionError:
             pass
-
-
-def _read_worker_context(path: str) -> tuple[Params, Layout, dict]:
-    ctx = json.loads(Path(path).read_text())
-    params = Params.model_validate_json(ctx["params"])
-    return params, Layout.of(params, Path(ctx["root"])), ctx
 
 
 def pending_file(lay: Layout, run: str) -> Path:
@@ -198,26 +150,6 @@ def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
             "jagg.checkpoint_manifest_sha256": file_sha256(last.path / "manifest.json")}
 
 
-def _launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, deque]:  # noqa: ANN001
-    """Run the launcher, relaying its output line by line; returns its exit status and last lines."""
-    tail: deque[str] = deque(maxlen=30)
-    # The trainer runs in a process group of its own that ends with this launcher: when the launcher stops (an error,
-    # an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the kernel stops the
-    # launcher's child (and that child's workers: see worker()).
-    with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
-        try:
-            for line in proc.stdout:  # type: ignore[union-attr]
-                line = line.rstrip()
-                tail.append(line)
-                if line and "\r" not in line:
-                    log.info("[%s] %s", run, line)
-            rc = proc.wait()
-        finally:
-            _stop_group(proc)
-    return rc, tail
-
-
 def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine: Machine, context: Path,
                     log) -> None:  # noqa: ANN001
     """`accelerate launch` this machine's workers of the run; the context file is removed when they end."""
@@ -231,7 +163,7 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
     where = f" as machine {machine.rank} of {n} (rank 0 at {machine.address})" if n > 1 else ""
     log.info("launching %s%s: %s", run, where, " ".join(cmd[:14]) + " ...")
     try:
-        rc, tail = _launch(cmd, lay, env, run, log)
+        rc, tail = launch(cmd, lay, env, run, log)
     finally:
         context.unlink(missing_ok=True)
     if rc != 0:
@@ -281,7 +213,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
     _remove_stale_contexts(lay.run_dir(run))
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
-    _write_worker_context(context, params, lay, mlflow_run, key, restart)
+    write_context(context, params, lay, mlflow_run, key, restart)
     try:
         _launch_workers(params, lay, method, seed, machine, context, log)
     except TrainingError:
@@ -306,7 +238,7 @@ def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machi
     fd, name = tempfile.mkstemp(prefix=f"jagg-{run}-m{machine.rank}-", suffix=".json")
     os.close(fd)
     context = Path(name)
-    _write_worker_context(context, params, lay, "", key, restart)
+    write_context(context, params, lay, "", key, restart)
     _launch_workers(params, lay, method, seed, machine, context, log)
     return {"run": run, "machine_rank": machine.rank}
 
@@ -384,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                             "method's index)")
     args = ap.parse_args(argv)
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
-        _die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
-        params, lay, ctx = _read_worker_context(args.worker_context)
+        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
+        params, lay, ctx = read_context(args.worker_context)
         worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
                restart=ctx.get("restart", False))
         return 0

@@ -1,0 +1,90 @@
+"""Starting worker processes (`accelerate launch`) for a stage and relaying their output: the training and the
+evaluation stages share it.
+
+The launcher hands its validated params to the workers in a context file only its owner can read (params may hold
+credentials; nothing shows on a command line). The workers run in a process group of their own that ends with the
+launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections import deque
+from pathlib import Path
+
+from jagg_core.config import Params
+from jagg_core.paths import Layout
+
+__all__ = ["die_with_parent", "launch", "read_context", "write_context"]
+
+
+def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
+    """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
+                   "run_key": key, "restart": restart}, f)
+
+
+def die_with_parent(sig: int) -> None:
+    """Linux: deliver ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _own_group_dying_with_parent() -> None:  # runs in the child between fork and exec
+    os.setsid()
+    die_with_parent(signal.SIGKILL)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Stop the workers' whole process group (SIGTERM, then SIGKILL after 30 s) if anything of it still runs."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            os.killpg(proc.pid, 0)  # the launcher ended; do its workers still run?
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def read_context(path: str) -> tuple[Params, Layout, dict]:
+    """A worker's side of :func:`write_context`: the launcher's params, the project layout and the rest."""
+    ctx = json.loads(Path(path).read_text())
+    params = Params.model_validate_json(ctx["params"])
+    return params, Layout.of(params, Path(ctx["root"])), ctx
+
+
+def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, deque]:  # noqa: ANN001
+    """Run ``cmd`` (an ``accelerate launch``), relaying its output line by line to ``log`` as ``[run] line``; returns
+    its exit status and last 30 lines.
+
+    The workers run in a process group of their own that ends with this launcher: when the launcher stops (an error,
+    an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the kernel stops its child
+    (and that child's workers, which call :func:`die_with_parent`)."""
+    tail: deque[str] = deque(maxlen=30)
+    with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
+        try:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                line = line.rstrip()
+                tail.append(line)
+                if line and "\r" not in line:
+                    log.info("[%s] %s", run, line)
+            rc = proc.wait()
+        finally:
+            _stop_group(proc)
+    return rc, tail
