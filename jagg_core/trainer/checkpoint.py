@@ -208,10 +208,10 @@ def _on_main(fn, *args):
     if rank == 0:
         try:
             box = [("ok", fn(*args))]
-        except CheckpointError as e:
-            box = [("error", str(e))]
         except OSError as e:
             box = [("error", f"{e.strerror or e}")]
+        except Exception as e:  # noqa: BLE001  (any failure here must reach every rank, or they wait forever)
+            box = [("error", str(e) or type(e).__name__)]
     if dist:
         dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
@@ -372,6 +372,12 @@ def list_checkpoints(root: str | os.PathLike, *, check: bool = True) -> list[Che
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Checkpoint | None:
-    """The newest complete, verified checkpoint (falling back past damaged ones), or None."""
-    found = list_checkpoints(root)
-    return found[-1] if found else None
+    """The newest complete, verified checkpoint (falling back past damaged ones, with a warning), or None.
+
+    Newest first: older checkpoints are not read once one verifies."""
+    for ckpt in reversed(list_checkpoints(root, check=False)):
+        problem = verify_checkpoint(ckpt.path)
+        if problem is None:
+            return ckpt
+        log.warning("skipping damaged checkpoint %s: %s", ckpt.path, problem)
+    return None

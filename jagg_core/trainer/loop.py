@@ -257,7 +257,8 @@ def _resume(r: _Run) -> int:
         for line in recover_leftovers(r.ckpt_root):
             log.warning("%s: %s", r.name, line)
     r.accelerator.wait_for_everyone()
-    ckpt = latest_checkpoint(r.ckpt_root)
+    # Rank 0 verifies (reads every file of the newest checkpoint once) and tells the others which one it is.
+    ckpt = _from_main(r, latest_checkpoint(r.ckpt_root) if r.main else None)
     if ckpt is None and list_checkpoints(r.ckpt_root, check=False):
         raise CheckpointError(
             f"{r.ckpt_root} holds checkpoints but no complete checkpoint (every one is damaged); move the folder "
@@ -294,6 +295,15 @@ def _resume(r: _Run) -> int:
     if r.main:
         log.info("resuming %s from %s (iteration %d)", r.name, ckpt.path, int(state["iteration"]))
     return int(state["iteration"])
+
+
+def _from_main(r: _Run, value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a collective)."""
+    if r.accelerator.num_processes == 1:
+        return value
+    from accelerate.utils import broadcast_object_list
+
+    return broadcast_object_list([value], from_process=0)[0]
 
 
 def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajectory:
