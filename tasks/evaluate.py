@@ -23,7 +23,7 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, read_context, write_context
+from .launch import die_with_parent, launch, read_context, remove_stale_contexts, user_error, write_context
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -72,10 +72,9 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
     from jagg_core.evaluation.evaluate import EvalError
 
-    fd, name = tempfile.mkstemp(prefix=f"jagg-eval-{run}-", suffix=".json")  # params may hold credentials: 0600
-    os.close(fd)
-    context = Path(name)
-    write_context(context, params, lay, "", "")
+    tmp = Path(tempfile.gettempdir())
+    remove_stale_contexts(tmp, "jagg-context-*.json")
+    context = tmp / f"jagg-context-evaluate-{run}-{os.getpid()}.json"  # params may hold credentials: 0600
     n = params.resources.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
            "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
@@ -83,13 +82,13 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     log.info("evaluating %s in %d processes", run, n)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     try:
+        write_context(context, params, lay, "", "")
         rc, tail = launch(cmd, lay, env, f"evaluate {run}", log)
     finally:
         context.unlink(missing_ok=True)
     if rc != 0:
-        errors = [ln for ln in tail if ln.startswith("jagg: error:")]
-        raise EvalError(f"evaluating {run} failed: " + (errors[-1].removeprefix("jagg: error: ") if errors else
-                                                         f"exit status {rc}; last output: {tail[-1] if tail else ''}"))
+        raise EvalError(f"evaluating {run} failed: " +
+                        (user_error(tail) or f"exit status {rc}; last output: {tail[-1] if tail else ''}"))
     return json.loads((lay.eval_dir(run) / "metrics.json").read_text())
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from jagg_core.config import Params
 from jagg_core.paths import Layout
 
-__all__ = ["die_with_parent", "launch", "read_context", "write_context"]
+__all__ = ["die_with_parent", "launch", "read_context", "remove_stale_contexts", "user_error", "write_context"]
 
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
@@ -88,3 +88,22 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
         finally:
             _stop_group(proc)
     return rc, tail
+
+
+def user_error(tail: deque) -> str | None:
+    """The workers' own error sentence (``jagg: error: ...``) among their last lines, if they stopped with one."""
+    errors = [ln for ln in tail if ln.startswith("jagg: error:")]
+    return errors[-1].removeprefix("jagg: error: ") if errors else None
+
+
+def remove_stale_contexts(folder: Path, pattern: str) -> None:
+    """Context files ``pattern`` (named ``...-<pid>.json``) of launchers that no longer run on this machine (killed
+    before they could remove theirs)."""
+    for p in folder.glob(pattern):
+        pid = p.stem.rsplit("-", 1)[-1]
+        try:
+            os.kill(int(pid), 0)
+        except (ValueError, ProcessLookupError):
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass

@@ -17,6 +17,7 @@ only their workers. The project folder (prompts, checkpoints) must be one path e
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -36,7 +37,7 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, read_context, write_context
+from .launch import die_with_parent, launch, read_context, remove_stale_contexts, user_error, write_context
 
 
 class WorkerDied(TrainingError):
@@ -78,12 +79,16 @@ class Machine:
         n = params.resources.num_machines
         if not 0 <= rank < n:
             raise ParamsError(f"machine rank {rank} must be in 0..{n - 1} (resources.num_machines is {n}).")
-        if n > 1 and not address:
-            raise ParamsError(f"resources.num_machines is {n}: give every machine the rank-0 machine's address with "
-                              f"--main-process-ip or JAGG_MAIN_PROCESS_IP.")
         if port is not None and not 1024 <= port <= 65535:
             raise ParamsError(f"the rendezvous port {port} must be in 1024..65535.")
         return cls(rank, address, port)
+
+    def check_address(self, params: Params) -> None:
+        """Before a launch: a run over several machines needs the rank-0 machine's address (one sentence if not)."""
+        n = params.resources.num_machines
+        if n > 1 and not self.address:
+            raise ParamsError(f"resources.num_machines is {n}: give every machine the rank-0 machine's address with "
+                              f"--main-process-ip or JAGG_MAIN_PROCESS_IP.")
 
 
 def accelerate_command(params: Params, method: str, worker_args: list[str], machine: Machine | None = None) -> list[str]:
@@ -103,18 +108,6 @@ def accelerate_command(params: Params, method: str, worker_args: list[str], mach
     if machine.address:
         cmd += ["--main_process_ip", machine.address]
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
-
-
-def _remove_stale_contexts(run_dir: Path) -> None:
-    """Worker-context files of launchers that no longer run (killed before they could remove theirs)."""
-    for p in run_dir.glob(".worker-context-*.json"):
-        pid = p.stem.rsplit("-", 1)[-1]
-        try:
-            os.kill(int(pid), 0)
-        except (ValueError, ProcessLookupError):
-            p.unlink(missing_ok=True)
-        except PermissionError:
-            pass
 
 
 def pending_file(lay: Layout, run: str) -> Path:
@@ -152,7 +145,7 @@ def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
 
 def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine: Machine, context: Path,
                     log) -> None:  # noqa: ANN001
-    """`accelerate launch` this machine's workers of the run; the context file is removed when they end."""
+    """`accelerate launch` this machine's workers of the run, which read ``context`` (the caller removes it)."""
     run = run_name(method, seed)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if method in params.resources.cuda_visible_devices:
@@ -162,27 +155,33 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
     n = params.resources.num_machines
     where = f" as machine {machine.rank} of {n} (rank 0 at {machine.address})" if n > 1 else ""
     log.info("launching %s%s: %s", run, where, " ".join(cmd[:14]) + " ...")
-    try:
-        rc, tail = launch(cmd, lay, env, run, log)
-    finally:
-        context.unlink(missing_ok=True)
+    rc, tail = launch(cmd, lay, env, run, log)
     if rc != 0:
         raise _failure(run, rc, tail)
 
 
 def _failure(run: str, rc: int, tail: deque) -> TrainingError:
-    errors = [ln for ln in tail if ln.startswith("jagg: error:")]
-    if errors:  # the run's own error: the same input fails the same way again
-        return TrainingError(f"training run {run} failed: {errors[-1].removeprefix('jagg: error: ')}")
+    error = user_error(tail)
+    if error:  # the run's own error: the same input fails the same way again
+        return TrainingError(f"training run {run} failed: {error}")
     return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
 
 
-def _trained(lay: Layout, run: str, key: str, iterations: int) -> bool:
-    """The run's newest checkpoint is its last, written with these params."""
+def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
+    """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
+    another machine compares the params only: its local copy of the base model may differ in file times)."""
+    from jagg_core.redact import redact
     from jagg_core.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(lay.checkpoints(run))
-    return last is not None and last.iteration >= iterations and last.state().get("run_key") == key
+    if last is None or last.iteration < params.train.iterations:
+        return False
+    state = last.state()
+    if key is not None:
+        return state.get("run_key") == key
+    same = json.dumps(state.get("params"), sort_keys=True) == json.dumps(redact(params.model_dump(mode="json")),
+                                                                          sort_keys=True)
+    return same
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
@@ -204,21 +203,24 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    if params.resources.num_machines > 1 and _trained(lay, run, key, params.train.iterations):
+    if params.resources.num_machines > 1 and _trained(lay, run, params, key):
         # Trained already: launching would wait for the other machines, which have nothing to do.
         log.info("%s is trained (%d iterations); not launching it on %d machines again", run,
                  params.train.iterations, params.resources.num_machines)
         tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
         tracker.finish(mlflow_run)
         return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
-    _remove_stale_contexts(lay.run_dir(run))
+    machine.check_address(params)
+    remove_stale_contexts(lay.run_dir(run), ".worker-context-*.json")
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
-    write_context(context, params, lay, mlflow_run, key, restart)
     try:
+        write_context(context, params, lay, mlflow_run, key, restart)
         _launch_workers(params, lay, method, seed, machine, context, log)
     except TrainingError:
         tracker.finish(mlflow_run, "FAILED")
         raise
+    finally:
+        context.unlink(missing_ok=True)
     _replay_pending(tracker, mlflow_run, lay, run, log)
     tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
     tracker.finish(mlflow_run)
@@ -229,17 +231,21 @@ def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machi
             log) -> dict:  # noqa: ANN001
     """Machine rank ≥ 1: this machine's processes of the run, nothing else (rank 0 logs, checkpoints, evaluates)."""
     run = run_name(method, seed)
-    if _trained(lay, run, key, params.train.iterations):
+    if _trained(lay, run, params):
         log.info("%s is trained (%d iterations); nothing to do on machine %d", run, params.train.iterations,
                  machine.rank)
         return {"run": run, "machine_rank": machine.rank}
+    machine.check_address(params)
     # The context goes to this machine's own temporary folder: the shared run folder is tidied by machine 0, which
     # cannot see this machine's processes.
-    fd, name = tempfile.mkstemp(prefix=f"jagg-{run}-m{machine.rank}-", suffix=".json")
-    os.close(fd)
-    context = Path(name)
-    write_context(context, params, lay, "", key, restart)
-    _launch_workers(params, lay, method, seed, machine, context, log)
+    tmp = Path(tempfile.gettempdir())
+    remove_stale_contexts(tmp, "jagg-context-*.json")
+    context = tmp / f"jagg-context-{run}-m{machine.rank}-{os.getpid()}.json"
+    try:
+        write_context(context, params, lay, "", key, restart)
+        _launch_workers(params, lay, method, seed, machine, context, log)
+    finally:
+        context.unlink(missing_ok=True)
     return {"run": run, "machine_rank": machine.rank}
 
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from conftest import REPO, run_module
+from tasks.common import free_port
 from jagg_core.paths import Layout
 from jagg_core.trainer.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
 
@@ -164,9 +165,9 @@ def _env(root: Path, extra: dict | None = None) -> dict:
     return {**os.environ, "JAGG_ROOT": str(root), "PYTHONPATH": str(REPO), **(extra or {})}
 
 
-def _launch_fsdp(root: Path, port: int, env: dict | None = None) -> subprocess.CompletedProcess:
+def _launch_fsdp(root: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
            "-m", "tasks.train", "--worker", *FSDP]
     return subprocess.run(cmd, cwd=root, env=_env(root, env), capture_output=True, text=True, timeout=600)
 
@@ -176,26 +177,33 @@ def fsdp_run(ci_base, tmp_path_factory) -> Path:
     """A project root where jagg-s0 trained 4 iterations under FSDP2 on 2 gloo processes of one machine."""
     root = tmp_path_factory.mktemp("fsdp") / "project"
     shutil.copytree(ci_base, root)
-    done = _launch_fsdp(root, 29641)
+    done = _launch_fsdp(root)
     assert done.returncode == 0, done.stderr[-3000:]
     return root
 
 
 @pytest.mark.slow
 def test_fsdp_training_killed_mid_checkpoint_resumes_to_identical_weights_and_exports(ci_base, fsdp_run, tmp_path):
-    """The trainer under FSDP2 on 2 gloo processes: killed while writing checkpoint 3, started again, it resumes from
-    checkpoint 2 and ends bit for bit where an uninterrupted run ends; `jagg export` reads the shards back into a
-    transformer folder diffusers loads."""
+    """The trainer under FSDP2 on 2 gloo processes: out of space while writing checkpoint 2, it stops with one
+    sentence and leaves checkpoint 1 and nothing else; started again and killed while writing checkpoint 3, then
+    started again, it resumes from checkpoint 2 and ends bit for bit where an uninterrupted run ends; `jagg export`
+    reads the shards back into a transformer folder diffusers loads."""
     from diffusers import FluxTransformer2DModel
 
     two = tmp_path / "two"
     shutil.copytree(ci_base, two)
-    killed = _launch_fsdp(two, 29642, {"JAGG_FAULT": "checkpoint@3:kill"})
-    assert killed.returncode != 0
     run_dir = Layout(two, "ci").checkpoints("jagg-s0")
+    full = _launch_fsdp(two, {"JAGG_FAULT": "checkpoint@2:oserror"})
+    assert full.returncode != 0
+    assert (f"jagg: error: could not write checkpoint 2 under {run_dir} (No space left on device (injected)); "
+            f"earlier checkpoints are intact.") in full.stdout + full.stderr
+    assert "Traceback" not in full.stdout.split("jagg: error:")[0]
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint-000001"]  # no partial folder left
+    killed = _launch_fsdp(two, {"JAGG_FAULT": "checkpoint@3:kill"})
+    assert killed.returncode != 0
     assert [c.iteration for c in list_checkpoints(run_dir)] == [1, 2]
     assert (run_dir / ".tmp-checkpoint-000003-sharded").is_dir()  # the interrupted write, never mistaken for one
-    resumed = _launch_fsdp(two, 29643)
+    resumed = _launch_fsdp(two)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming jagg-s0 from" in resumed.stdout + resumed.stderr
     assert "checkpoint-000002 (iteration 2)" in resumed.stdout + resumed.stderr
@@ -224,10 +232,11 @@ def test_one_run_on_two_machines_over_loopback(ci_base, fsdp_run, tmp_path):
     root = tmp_path / "project"
     shutil.copytree(ci_base, root)
     args = [sys.executable, "-m", "tasks.train", *[a for a in FSDP], "--set", "resources.num_machines=2"]
+    port = str(free_port())
     m0 = subprocess.Popen([*args, "--machine-rank", "0", "--main-process-ip", "127.0.0.1", "--main-process-port",
-                           "29661"], cwd=root, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           port], cwd=root, env=_env(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True)
-    env1 = {"JAGG_MACHINE_RANK": "1", "JAGG_MAIN_PROCESS_IP": "127.0.0.1", "JAGG_MAIN_PROCESS_PORT": "29661"}
+    env1 = {"JAGG_MACHINE_RANK": "1", "JAGG_MAIN_PROCESS_IP": "127.0.0.1", "JAGG_MAIN_PROCESS_PORT": port}
     m1 = subprocess.run(args, cwd=root, env=_env(root, env1), capture_output=True, text=True, timeout=600)
     out0 = m0.communicate(timeout=600)[0]
     assert m0.returncode == 0, out0[-3000:]
@@ -283,3 +292,46 @@ def load_base(root: Path) -> dict:
     from safetensors.torch import load_file
 
     return load_file(root / "models/ci/base/transformer/diffusion_pytorch_model.safetensors")
+
+
+@pytest.mark.slow
+def test_a_full_checkpoint_with_ema_resumes_under_fsdp(ci_base, tmp_path):
+    """Checkpoints written by one process (full tensors, EMA on) resume under FSDP2 on 2 processes: the EMA is sharded
+    like its parameters and keeps averaging; the next checkpoint is sharded and holds both."""
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    ema = ["--set", "train.ema_decay=0.9"]
+    one = run_module("tasks.train", "--worker", *FSDP, *ema, "--set", "train.iterations=2", root=root)
+    assert one.returncode == 0, one.stderr[-2000:]
+    run_dir = Layout(root, "ci").checkpoints("jagg-s0")
+    before = latest_checkpoint(run_dir)
+    assert before.iteration == 2 and not before.sharded and before.has("ema")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+           str(free_port()), "-m", "tasks.train", "--worker", *FSDP, *ema, "--set", "train.iterations=3"]
+    two = subprocess.run(cmd, cwd=root, env=_env(root), capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    after = latest_checkpoint(run_dir)
+    assert after.iteration == 3 and after.sharded and after.has("ema")
+    old, new, weights = before.tensors("ema"), after.tensors("ema"), after.tensors()
+    k = next(iter(weights))
+    # EMA(3) = 0.9 EMA(2) + 0.1 W(3): it kept averaging from the loaded EMA.
+    torch.testing.assert_close(new[k], 0.9 * old[k] + 0.1 * weights[k].float(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_machines_started_with_other_params_stop_with_one_sentence(ci_base, tmp_path):
+    """Two "machines" whose params differ (here one extra --set on machine 1): every process stops with the same
+    sentence naming the difference; none is left waiting."""
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    args = [sys.executable, "-m", "tasks.train", *FSDP, "--set", "resources.num_machines=2",
+            "--main-process-ip", "127.0.0.1", "--main-process-port", str(free_port())]
+    m0 = subprocess.Popen([*args, "--machine-rank", "0"], cwd=root, env=_env(root), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    m1 = subprocess.run([*args, "--machine-rank", "1", "--set", "train.lr=0.5"], cwd=root, env=_env(root),
+                        capture_output=True, text=True, timeout=600)
+    out0 = m0.communicate(timeout=600)[0]
+    sentence = "process 1 was started with other settings than process 0 (train.lr "
+    assert m0.returncode == 1 and sentence in out0, out0[-3000:]
+    assert m1.returncode == 1 and sentence in m1.stdout + m1.stderr, (m1.stdout + m1.stderr)[-3000:]

@@ -391,9 +391,9 @@ def _trainable_count(checkpoint: Path | None) -> int | None:
     """Trained parameters, counted from the run's last checkpoint (the policy is gone by then)."""
     if checkpoint is None:
         return None
-    from ..trainer.checkpoint import load_tensors
+    from ..trainer.checkpoint import Checkpoint
 
-    return int(sum(t.numel() for t in load_tensors(checkpoint / "trainable.safetensors").values()))
+    return int(sum(t.numel() for t in Checkpoint(checkpoint, 0).tensors().values()))
 
 
 def check(result: Mapping[str, Any]) -> dict:

@@ -140,6 +140,7 @@ def evaluate_step(
     part.barrier()
 
     todo = [(s, i) for s, ps in prompts.items() for i in range(len(ps)) if not image_path(images_dir, s, i).is_file()]
+    part.barrier()  # every rank has listed the same missing images before any writes one
     blocks = [todo[k : k + ev.batch_size] for k in range(0, len(todo), ev.batch_size)]
     mine = [b for k, b in enumerate(blocks) if part.mine(k)]
     if mine:
@@ -208,7 +209,10 @@ def evaluate_run(
     if run == "base":
         steps = [(0, None)]
     else:
-        found = list(checkpoints) if checkpoints is not None else list_checkpoints(layout.checkpoints(run))
+        if checkpoints is not None:
+            found = list(checkpoints)
+        else:  # rank 0 verifies them (reads every file once), the others take its list
+            found = part.gather(list_checkpoints(layout.checkpoints(run)) if part.main else None)[0]
         if not found:
             raise EvalError(f"run {run} has no complete checkpoint under {layout.checkpoints(run)}; train it first.")
         use_ema = params.train.ema_decay > 0

@@ -42,6 +42,7 @@ __all__ = [
     "CheckpointError",
     "file_sha256",
     "latest_checkpoint",
+    "latest_checkpoint_together",
     "list_checkpoints",
     "load_sharded_state",
     "load_tensors",
@@ -245,30 +246,44 @@ def save_sharded_checkpoint(
     dist = _dist()
     weights = _trained(module)
     local = [getattr(t, "_local_tensor", t) for t in weights.values()]
-    bad = torch.tensor([float(any(t.is_floating_point() and not torch.isfinite(t).all() for t in local))])
+    device = local[0].device if local else torch.device("cpu")  # NCCL reduces only tensors on the GPU
+    bad = torch.tensor([float(any(t.is_floating_point() and not torch.isfinite(t).all() for t in local))],
+                       device=device)
     if dist:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     if bad.item():
         raise CheckpointError(f"refusing to save checkpoint {iteration}: a trained parameter is not finite.")
     final = root / f"checkpoint-{iteration:06d}"
     tmp = root / f".tmp-{final.name}-sharded"  # the same folder on every rank: each writes its own files into it
+    rank = dist.get_rank() if dist else 0
 
     def start() -> None:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         (tmp / _DCP).mkdir(parents=True)
 
-    def finish() -> None:
-        files = [f for f in sorted(tmp.rglob("*")) if f.is_file()]
+    def own_files() -> dict[str, Any]:
+        """This rank's shard files (rank 0: and the metadata) with their sizes and checksums: hashed in parallel."""
+        try:
+            files = sorted((tmp / _DCP).glob(f"__{rank}_*.distcp"))
+            if rank == 0:
+                files.append(tmp / _DCP / ".metadata")
+            return {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files}
+        except OSError as e:
+            return {"error": f"{e.strerror or e}"}
+
+    def finish(entries: list[dict[str, Any]]) -> None:
         text = json.dumps({"iteration": iteration, "format": "dcp", "world_size": dist.get_world_size() if dist else 1,
                            **state}, indent=2, default=str) + "\n"
         atomic_write_text(tmp / "state.json", text)
-        manifest = {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)}
-                    for f in [*files, tmp / "state.json"]}
+        manifest = {k: v for e in entries for k, v in e.items()}
+        manifest["state.json"] = {"bytes": (tmp / "state.json").stat().st_size, "sha256": file_sha256(tmp / "state.json")}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
         replace_dir(tmp, final)
         for old in list_checkpoints(root, check=False)[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
+
+    from torch.distributed.checkpoint.api import CheckpointException
 
     try:
         _on_main(start)
@@ -277,16 +292,41 @@ def save_sharded_checkpoint(
             entries["ema"] = dict(ema)
         try:
             dcp.save(entries, storage_writer=dcp.FileSystemWriter(tmp / _DCP, sync_files=True))
-        except Exception as e:  # noqa: BLE001  (DCP re-raises one rank's failure on every rank, wrapped)
-            raise CheckpointError(f"{str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__}")
-        fault("checkpoint", iteration)  # reliability tests: killed after the shards, before the manifest
-        _on_main(finish)
+            fault("checkpoint", iteration)  # reliability tests: killed (or out of space) after the shards
+        except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP re-raises any rank's failure everywhere)
+            raise CheckpointError(_reason(e)) from None
+        hashed = _gather(own_files())
+        problems = [h["error"] for h in hashed if "error" in h]
+        if problems:
+            raise CheckpointError(problems[0])
+        _on_main(finish, hashed)
     except CheckpointError as e:
-        if not dist or dist.get_rank() == 0:
+        if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint {iteration} under {root} ({e}); earlier checkpoints are "
                               f"intact.") from None
     return Checkpoint(final, iteration)
+
+
+def _reason(e: BaseException) -> str:
+    """What went wrong, in a few words: DCP's CheckpointException wraps each failed rank's exception."""
+    failures = getattr(e, "failures", None)
+    if failures:
+        e = next(iter(failures.values()))[0]
+    if isinstance(e, OSError):
+        return f"{e.strerror or e}"
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order (one process: ``[obj]``)."""
+    dist = _dist()
+    if not dist:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def load_sharded_state(
@@ -294,11 +334,11 @@ def load_sharded_state(
     module: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     ema: dict[str, torch.Tensor] | None = None,
-) -> dict[str, torch.Tensor] | None:
-    """Load a sharded checkpoint into ``module``'s trainable parameters, ``optimizer`` and ``ema`` (in place); each
-    rank reads only the shards it holds, whatever the number of processes that wrote it. Returns the EMA (``ema``
-    loaded, or None if the checkpoint has none and ``ema`` is None)."""
+) -> None:
+    """Load a sharded checkpoint into ``module``'s trainable parameters, ``optimizer`` and ``ema`` (in place; a
+    collective); each rank reads only the shards it holds, whatever the number of processes that wrote it."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
     weights = _trained(module)
@@ -306,14 +346,20 @@ def load_sharded_state(
     entries: dict[str, Any] = {"model": weights, "optim": get_optimizer_state_dict(module, optimizer)}
     if ema is not None and ckpt.has("ema"):
         entries["ema"] = ema
-    with _single_process_quietly():
-        dcp.load(entries, storage_reader=dcp.FileSystemReader(ckpt.path / _DCP), no_dist=_dist() is None)
+    try:
+        with _single_process_quietly():
+            dcp.load(entries, storage_reader=dcp.FileSystemReader(ckpt.path / _DCP), no_dist=_dist() is None)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001
+        raise CheckpointError(f"{ckpt.path} could not be loaded into this run ({_reason(e)}); it was written for "
+                              f"other parameters or is damaged: move it aside to resume from an earlier one.") from None
     set_optimizer_state_dict(module, optimizer, entries["optim"])
-    return ema
 
 
-def verify_checkpoint(path: Path) -> str | None:
-    """None if the checkpoint folder is complete and matches its manifest, else what is wrong."""
+def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
+    """None if the checkpoint folder is complete and matches its manifest, else what is wrong.
+
+    ``part`` = (rank, world): hash only file ``k % world == rank`` of the manifest (the ranks of a run verify a
+    checkpoint together, see :func:`latest_checkpoint_together`)."""
     mf = path / "manifest.json"
     if not mf.exists():
         return "no manifest (interrupted while writing)"
@@ -321,7 +367,10 @@ def verify_checkpoint(path: Path) -> str | None:
         manifest = json.loads(mf.read_text())
     except json.JSONDecodeError:
         return "unreadable manifest"
-    for name, meta in manifest.items():
+    rank, world = part
+    for k, (name, meta) in enumerate(manifest.items()):
+        if k % world != rank:
+            continue
         f = path / name
         if not f.exists():
             return f"{name} is missing"
@@ -369,6 +418,30 @@ def list_checkpoints(root: str | os.PathLike, *, check: bool = True) -> list[Che
             continue
         out.append(Checkpoint(p, int(m.group(1))))
     return out
+
+
+def latest_checkpoint_together(root: str | os.PathLike) -> Checkpoint | None:
+    """:func:`latest_checkpoint` as a collective: rank 0's listing, every rank hashing its share of each candidate's
+    files (a 190 GB checkpoint is read once, in parallel); every rank gets the same answer."""
+    dist = _dist()
+    if not dist:
+        return latest_checkpoint(root)
+    root = Path(root)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    box = [[c.iteration for c in list_checkpoints(root, check=False)] if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    for iteration in reversed(box[0]):
+        path = root / f"checkpoint-{iteration:06d}"
+        try:
+            mine = verify_checkpoint(path, (rank, world))
+        except OSError as e:
+            mine = f"unreadable ({e.strerror or e})"
+        problems = [p for p in _gather(mine) if p]
+        if not problems:
+            return Checkpoint(path, iteration)
+        if rank == 0:
+            log.warning("skipping damaged checkpoint %s: %s", path, problems[0])
+    return None
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Checkpoint | None:

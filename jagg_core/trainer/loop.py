@@ -31,7 +31,7 @@ from ..redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..storage import FolderLock, atomic_write_text, read_prompts
-from .checkpoint import (CheckpointError, latest_checkpoint, list_checkpoints, load_sharded_state, recover_leftovers,
+from .checkpoint import (CheckpointError, latest_checkpoint_together, list_checkpoints, load_sharded_state, recover_leftovers,
                          save_checkpoint, save_sharded_checkpoint)
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
@@ -65,6 +65,12 @@ def _load_optimizer(optimizer, module, state: dict, *, sharded: bool) -> None:
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+    # optimizer.state_dict() (what an unsharded run saved) numbers the parameters; the sharded loader wants their names.
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    if all(isinstance(k, int) for k in state["state"]):
+        state = {"state": {order[i]: v for i, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [order[i] for i in g["params"]]} for g in state["param_groups"]]}
     set_optimizer_state_dict(module, optimizer, state, options=StateDictOptions(full_state_dict=True))
 
 
@@ -253,12 +259,12 @@ def _resume(r: _Run) -> int:
 
     Checkpoints written with other params are moved aside to ``<run>.superseded-<key>``.
     """
+    _agree(r)
     if r.main:
         for line in recover_leftovers(r.ckpt_root):
             log.warning("%s: %s", r.name, line)
     r.accelerator.wait_for_everyone()
-    # Rank 0 verifies (reads every file of the newest checkpoint once) and tells the others which one it is.
-    ckpt = _from_main(r, latest_checkpoint(r.ckpt_root) if r.main else None)
+    ckpt = latest_checkpoint_together(r.ckpt_root)  # every rank verifies its share of the files, all agree
     if ckpt is None and list_checkpoints(r.ckpt_root, check=False):
         raise CheckpointError(
             f"{r.ckpt_root} holds checkpoints but no complete checkpoint (every one is damaged); move the folder "
@@ -289,6 +295,12 @@ def _resume(r: _Run) -> int:
         _load_optimizer(r.optimizer, r.policy.transformer, ckpt.optimizer_state(), sharded=r.sync.sharded)
         if r.ema is not None and ckpt.has("ema"):
             r.ema = {k: v.float() for k, v in ckpt.tensors("ema").items()}
+            if r.sync.sharded:  # a full checkpoint resumed under FSDP2: the EMA sharded like its parameters
+                from torch.distributed.tensor import distribute_tensor
+
+                # In the parameters' order on every rank: each distribute_tensor is a collective (and a safetensors
+                # file's keys come back in no fixed order).
+                r.ema = {k: distribute_tensor(r.ema[k].to(p.device), p.device_mesh, p.placements) for k, p in r.named}
     r.policy_version = int(state["policy_version"])
     r.jagg_frac = state.get("jagg_frac", r.jagg_frac)
     r.last_ckpt = ckpt.path
@@ -297,13 +309,27 @@ def _resume(r: _Run) -> int:
     return int(state["iteration"])
 
 
-def _from_main(r: _Run, value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (a collective)."""
+def _agree(r: _Run) -> None:
+    """Every process (on every machine) trains the same params as process 0 and agrees on --restart; a machine whose
+    base model files merely differ in their recorded size or time takes process 0's run fingerprint (with a warning).
+    Otherwise every process stops with the same sentence (none is left waiting in a collective)."""
     if r.accelerator.num_processes == 1:
-        return value
-    from accelerate.utils import broadcast_object_list
+        return
+    from accelerate.utils import gather_object
 
-    return broadcast_object_list([value], from_process=0)[0]
+    mine = (json.dumps(redact(r.params.model_dump(mode="json")), sort_keys=True), r.restart, r.run_key)
+    every = gather_object([mine])
+    for rank, (params, restart, _) in enumerate(every):
+        if params != every[0][0] or restart != every[0][1]:
+            a, b = flatten(json.loads(every[0][0])), flatten(json.loads(params))
+            diffs = [f"{k} {a.get(k)!r} → {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+            what = ", ".join(diffs[:3]) if diffs else f"--restart {'given' if restart else 'not given'}"
+            raise TrainingError(f"process {rank} was started with other settings than process 0 ({what}); start "
+                                f"every machine with the same params.yaml, --set options and --restart.")
+    if any(key != every[0][2] for _, _, key in every) and r.main:
+        log.warning("%s: the base model's files differ between machines (size or modification time); every process "
+                    "uses machine 0's run fingerprint — make sure every machine has the same weights", r.name)
+    r.run_key = every[0][2]
 
 
 def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajectory:
