@@ -93,6 +93,6 @@ def _log_handlers_outlive_pytest():
     for logger in loggers:
         for handler in logger.handlers:
             if type(handler).__module__.startswith("prefect") and isinstance(handler, logging.StreamHandler):
-                handler.setStream(sys.__stderr__)
+                handler.stream = sys.__stderr__  # not setStream: it flushes the old stream, maybe closed already
                 if getattr(handler, "console", None) is not None:  # PrefectConsoleHandler prints through rich
                     handler.console.file = sys.__stderr__
