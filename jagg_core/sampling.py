@@ -104,6 +104,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 
 
 GRID_CELL_MAX = 256  # px: the largest cell of a logged image grid
+GRID_MAX_SIDE = 2048  # px: the longest side of a logged image grid, however many images it holds
 
 
 def image_grid(
@@ -119,7 +120,8 @@ def image_grid(
 
     ``scale``: an integer upscales every image that many times (nearest neighbour); None (the default) sizes cells
     for logging: small images (the toy's 24 px) are upscaled to about 96 px, large ones (Flux's 720 px) are
-    downscaled to 256 px, so a grid logged every few iterations stays a few hundred kB.
+    downscaled to 256 px, and a grid of many rows shrinks as a whole to a long side of ``GRID_MAX_SIDE``, so a grid
+    logged every few iterations stays a few hundred kB.
     """
     import textwrap
 
@@ -151,4 +153,7 @@ def image_grid(
         grid.paste(Image.fromarray(arr[i]).resize((cw, ch), resample), (x, y))
         for k, line in enumerate(lines[i]):
             draw.text((x, y + ch + 2 + 12 * k), line, fill="black", font=font)
+    if scale is None and max(grid.size) > GRID_MAX_SIDE:  # many rows: the whole grid shrinks to fit
+        f = GRID_MAX_SIDE / max(grid.size)
+        grid = grid.resize((max(1, int(grid.size[0] * f)), max(1, int(grid.size[1] * f))), Image.LANCZOS)
     return grid

@@ -84,6 +84,8 @@ def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_on
     assert toy.size[0] == 4 * 96 + 5 * 6  # 24 px upscaled 4x (as before), 6 px padding
     flux = image_grid(np.zeros((8, 720, 720, 3), np.uint8), ["a prompt"] * 8, ncols=4)
     assert flux.size[0] == 4 * 256 + 5 * 6 and flux.size[1] < 700  # not 11.5k x 5.8k: 256 px cells
+    many = image_grid(np.zeros((64, 720, 720, 3), np.uint8), ["a prompt"] * 64, ncols=4)  # 16 rows
+    assert max(many.size) == 2048 and many.size[0] > 400  # shrunk as a whole, aspect kept
     explicit = image_grid(np.zeros((2, 24, 24, 3), np.uint8), ncols=2, scale=6)
     assert explicit.size[0] == 2 * 144 + 3 * 6
 
