@@ -52,7 +52,9 @@ def run_module(module: str, *args: str, root: Path, env: dict | None = None, tim
                           timeout=timeout)
 
 
-WORKER_ARGS = ["--worker", "--profile", "ci", "--seed", "0", "--set", "reward.weights={jpeg_compressibility: 1.0}",
+# A reward smooth in the pixels: runs on two platforms differ at rounding level only (JPEG sizes jump by whole bytes
+# and carry a last-bit difference into another update), which test_refactor_reference relies on.
+WORKER_ARGS = ["--worker", "--profile", "ci", "--seed", "0", "--set", "reward.weights={toy_background: 1.0}",
                "--set", "train.iterations=4", "--set", "train.checkpoint_every=1"]
 
 

@@ -157,7 +157,7 @@ def test_sharded_save_holds_one_shard_per_rank_and_resumes_exactly(tmp_path):
     assert latest_checkpoint(tmp_path / "ckpts") is None
 
 
-FSDP = ["--profile", "ci", "--method", "jagg", "--seed", "0", "--set", "reward.weights={jpeg_compressibility: 1.0}",
+FSDP = ["--profile", "ci", "--method", "jagg", "--seed", "0", "--set", "reward.weights={toy_background: 1.0}",
         "--set", "train.iterations=4", "--set", "train.checkpoint_every=1", "--set", "resources.distributed=fsdp"]
 
 

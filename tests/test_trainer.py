@@ -16,6 +16,7 @@ from jagg_core.config import load_params
 from jagg_core.paths import Layout
 from jagg_core.trainer import latest_checkpoint, train
 from jagg_core.trainer.checkpoint import load_tensors
+from tasks.common import free_port
 
 # A reward with variation even for a barely trained model (toy_fidelity of noise is 0 for every image).
 JPEG = {"reward.weights": {"jpeg_compressibility": 1.0}}
@@ -128,7 +129,7 @@ def test_two_processes_update_like_one(ci_base, tmp_path):
     assert r1.returncode == 0, r1.stderr[-2000:]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              "29611", "-m", "tasks.train", "--worker", *args]
+              str(free_port()), "-m", "tasks.train", "--worker", *args]
     r2 = subprocess.run(launch, cwd=two, env={**os.environ, **env, "JAGG_ROOT": str(two)}, capture_output=True,
                         text=True, timeout=600)
     assert r2.returncode == 0, r2.stderr[-3000:]
