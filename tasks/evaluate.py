@@ -12,8 +12,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
-from pathlib import Path
 
 from prefect import task
 
@@ -23,7 +21,7 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, read_context, remove_stale_contexts, user_error, write_context
+from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -72,9 +70,7 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
     from jagg_core.evaluation.evaluate import EvalError
 
-    tmp = Path(tempfile.gettempdir())
-    remove_stale_contexts(tmp, "jagg-context-*.json")
-    context = tmp / f"jagg-context-evaluate-{run}-{os.getpid()}.json"  # params may hold credentials: 0600
+    context = local_context(f"evaluate-{run}")  # written 0600: params may hold credentials
     n = params.resources.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
            "--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),

@@ -12,13 +12,15 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 from collections import deque
 from pathlib import Path
 
 from jagg_core.config import Params
 from jagg_core.paths import Layout
 
-__all__ = ["die_with_parent", "launch", "read_context", "remove_stale_contexts", "user_error", "write_context"]
+__all__ = ["die_with_parent", "launch", "local_context", "read_context", "remove_stale_contexts", "user_error",
+           "write_context"]
 
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
@@ -107,3 +109,11 @@ def remove_stale_contexts(folder: Path, pattern: str) -> None:
             p.unlink(missing_ok=True)
         except PermissionError:
             pass
+
+
+def local_context(label: str) -> Path:
+    """Where a launcher's context goes on this machine's own temporary folder (``jagg-context-<label>-<pid>.json``),
+    after removing those of launchers no longer running here."""
+    tmp = Path(tempfile.gettempdir())
+    remove_stale_contexts(tmp, "jagg-context-*.json")
+    return tmp / f"jagg-context-{label}-{os.getpid()}.json"

@@ -22,7 +22,6 @@ import logging
 import os
 import signal
 import sys
-import tempfile
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,8 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, read_context, remove_stale_contexts, user_error, write_context
+from .launch import (die_with_parent, launch, local_context, read_context, remove_stale_contexts, user_error,
+                     write_context)
 
 
 class WorkerDied(TrainingError):
@@ -179,9 +179,8 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
     state = last.state()
     if key is not None:
         return state.get("run_key") == key
-    same = json.dumps(state.get("params"), sort_keys=True) == json.dumps(redact(params.model_dump(mode="json")),
-                                                                          sort_keys=True)
-    return same
+    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(redact(params.model_dump(mode="json")),
+                                                                         sort_keys=True)
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
@@ -238,9 +237,7 @@ def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machi
     machine.check_address(params)
     # The context goes to this machine's own temporary folder: the shared run folder is tidied by machine 0, which
     # cannot see this machine's processes.
-    tmp = Path(tempfile.gettempdir())
-    remove_stale_contexts(tmp, "jagg-context-*.json")
-    context = tmp / f"jagg-context-{run}-m{machine.rank}-{os.getpid()}.json"
+    context = local_context(f"{run}-m{machine.rank}")
     try:
         write_context(context, params, lay, "", key, restart)
         _launch_workers(params, lay, method, seed, machine, context, log)

@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
+from ..trainer.distributed import gather_objects
 from ..metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed
 from ..storage import atomic_write_bytes, atomic_write_text, base_model_digest
@@ -67,13 +68,7 @@ class Part:
 
     def gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
-        if self.world == 1:
-            return [obj]
-        import torch.distributed as dist
-
-        out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
-        return out
+        return gather_objects(obj)
 
 
 def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:

@@ -36,6 +36,7 @@ from safetensors.torch import save as st_save
 from ..errors import UserError
 from ..faults import fault
 from ..storage import atomic_write_text, replace_dir
+from .distributed import gather_objects
 
 __all__ = [
     "Checkpoint",
@@ -295,7 +296,7 @@ def save_sharded_checkpoint(
             fault("checkpoint", iteration)  # reliability tests: killed (or out of space) after the shards
         except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP re-raises any rank's failure everywhere)
             raise CheckpointError(_reason(e)) from None
-        hashed = _gather(own_files())
+        hashed = gather_objects(own_files())
         problems = [h["error"] for h in hashed if "error" in h]
         if problems:
             raise CheckpointError(problems[0])
@@ -317,16 +318,6 @@ def _reason(e: BaseException) -> str:
         return f"{e.strerror or e}"
     text = str(e).strip()
     return text.splitlines()[0][:200] if text else type(e).__name__
-
-
-def _gather(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` in rank order (one process: ``[obj]``)."""
-    dist = _dist()
-    if not dist:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def load_sharded_state(
@@ -436,7 +427,7 @@ def latest_checkpoint_together(root: str | os.PathLike) -> Checkpoint | None:
             mine = verify_checkpoint(path, (rank, world))
         except OSError as e:
             mine = f"unreadable ({e.strerror or e})"
-        problems = [p for p in _gather(mine) if p]
+        problems = [p for p in gather_objects(mine) if p]
         if not problems:
             return Checkpoint(path, iteration)
         if rank == 0:

@@ -15,7 +15,7 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-__all__ = ["GradSync", "NoSync", "AllReduceSync", "Fsdp2Sync", "make_grad_sync", "shard_transformer"]
+__all__ = ["GradSync", "NoSync", "AllReduceSync", "Fsdp2Sync", "gather_objects", "make_grad_sync", "shard_transformer"]
 
 
 class GradSync:
@@ -86,6 +86,15 @@ class Fsdp2Sync(GradSync):
 
     def before_backward(self, last: bool) -> None:
         self.module.set_requires_gradient_sync(bool(last and self.final_group))
+
+
+def gather_objects(obj: object) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` without a process group."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 def shard_transformer(transformer: torch.nn.Module, block_classes: Iterable[str] | None = None) -> torch.nn.Module:
