@@ -37,7 +37,7 @@ from ..storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 
-__all__ = ["EvalError", "Part", "test_prompts", "evaluate_run", "evaluate_step"]
+__all__ = ["EvalError", "Part", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
 
 
 class EvalError(UserError, RuntimeError):
@@ -97,7 +97,10 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
     from ..sampling import to_uint8
 
     buf = io.BytesIO()
-    Image.fromarray(to_uint8(image[None])[0]).save(buf, format="JPEG", quality=95)
+    # 4:4:4 chroma: the default 4:2:0 averages colour over 2x2 pixels, which bleeds every edge of a 24-pixel toy
+    # image into its neighbours (a ground-truth render would score like a blurred one); on a 720-pixel image it
+    # changes nothing a scorer sees.
+    Image.fromarray(to_uint8(image[None])[0]).save(buf, format="JPEG", quality=95, subsampling=0)
     atomic_write_bytes(path, buf.getvalue())
 
 
@@ -126,6 +129,7 @@ def evaluate_step(
     # the prompts. Any change regenerates them.
     generation = {"weights": _digest(weights), "base_model": base_model_digest(layout.base_model, params.model.path),
                   "model": params.model.model_dump(mode="json"), "num_steps": ev.num_steps, "seed": ev.seed,
+                  "jpeg": "q95-444",
                   "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]}
     marker = out_dir / "generation.json"
     if part.main:
@@ -167,6 +171,35 @@ def evaluate_step(
                           "".join(json.dumps(r) + "\n" for r in score_records(prompts, scores)))
         atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     part.barrier()
+    return result
+
+
+def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
+    """The toy world's exact renders of the test prompts, scored like a model's samples (saved as the same JPEGs,
+    the same metrics and protocol): the ceiling that a method's gain is a share of. Writes
+    ``eval/<outputs>/ground-truth/metrics.json``; the placement a prompt leaves open is drawn from the prompt's seed.
+    """
+    import numpy as np
+
+    from ..rewards import make_reward
+    from ..world import render, scene_for_prompt
+
+    if not params.is_toy:
+        raise EvalError("ground-truth images exist only in the toy world (a real benchmark has no renderer).")
+    ev = params.eval
+    prompts = test_prompts(params, layout)
+    out_dir = layout.eval_dir("ground-truth")
+    images_dir = out_dir / "images"
+    styles = list(prompts)
+    for s, ps in prompts.items():
+        for i, prompt in enumerate(ps):
+            rng = np.random.default_rng(derive_seed(ev.seed, styles.index(s), i))
+            pixels = render(scene_for_prompt(prompt, rng), params.world.image_size)  # (H, W, 3) uint8
+            _save_jpeg(image_path(images_dir, s, i), torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0)
+    metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
+    scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size)
+    result = {"run": "ground-truth", "step": 0, "metrics": summarize_scores(scores, block_size=ev.block_size)}
+    atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     return result
 
 
