@@ -31,7 +31,7 @@ __all__ = [
 # The registries' names, known without importing them (tests check these equal the registries).
 KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
-                 "toy_objects", "toy_precision")
+                 "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
 
@@ -257,6 +257,12 @@ class RewardConfig(_Section):
         default_factory=lambda: {"toy_fidelity": 1.0}, description="reward name -> weight of the training reward"
     )
     options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="reward name -> factory options")
+    normalize: Literal["sum", "per_reward"] = Field(
+        "sum",
+        description="sum: the weighted sum of the rewards is group-normalised (Flow-GRPO's multi-reward); per_reward: "
+        "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
+        "is not drowned by one with a large spread",
+    )
 
     @field_validator("weights", "options")
     @classmethod

@@ -73,3 +73,45 @@ def test_kl_term_is_flow_grpos_gaussian_kl():
     assert float(out.loss.detach()) == pytest.approx(0.1 * kl)
     with pytest.raises(ValueError, match="beta > 0"):
         ppo_step_loss(zeros, zeros, zeros, clip_range=0.2, beta=0.1)
+
+
+def test_mixed_advantages_by_hand():
+    from jagg_core.advantages import mixed_advantages
+
+    ids = torch.tensor([0, 0, 1, 1])
+    a = torch.tensor([0.0, 10.0, 4.0, 0.0], dtype=torch.float64)  # per group: ∓1 / ±1 once standardised
+    b = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)  # ±1 / ∓1
+    w = {"a": 1.0, "b": 0.5}
+    per = mixed_advantages({"a": a, "b": b}, w, ids, normalize="per_reward", eps=0.0, clip=10.0)
+    torch.testing.assert_close(per, torch.tensor([-1 + 0.5, 1 - 0.5, 1 - 0.5, -1 + 0.5], dtype=torch.float64))
+    summed = mixed_advantages({"a": a, "b": b}, w, ids, normalize="sum", eps=0.0, clip=10.0)
+    torch.testing.assert_close(summed, group_advantages(a + 0.5 * b, ids, eps=0.0, clip=10.0))
+    clipped = mixed_advantages({"a": a, "b": b}, w, ids, normalize="per_reward", eps=0.0, clip=1.0)
+    assert float(clipped.abs().max()) == 0.5  # the clip applies to the sum (|±1 ∓ 0.5| = 0.5), not to each reward
+    clipped = mixed_advantages({"a": a, "b": -b}, w, ids, normalize="per_reward", eps=0.0, clip=1.0)
+    assert float(clipped.abs().max()) == 1.0  # 1.5 clipped
+    with pytest.raises(ValueError, match="no rewards given for 'b'"):
+        mixed_advantages({"a": a}, w, ids)
+    with pytest.raises(ValueError, match="normalize must be"):
+        mixed_advantages({"a": a, "b": b}, w, ids, normalize="mean")
+
+
+def test_per_reward_normalisation_keeps_a_small_spread_reward_in_the_advantages():
+    """A reward whose within-group spread is 10× another's: summed first, the advantages follow the large one alone;
+    normalised per reward, each reward's own advantages carry half of the mix (its weight)."""
+    from jagg_core.advantages import mixed_advantages
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.arange(64).repeat_interleave(16)
+    big = 10 * torch.randn(1024, generator=g, dtype=torch.float64)
+    small = torch.randn(1024, generator=g, dtype=torch.float64)
+    w = {"big": 1.0, "small": 1.0}
+    own = group_advantages(small, ids, eps=0.0, clip=1e9)
+
+    def corr(x, y):
+        return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+
+    summed = mixed_advantages({"big": big, "small": small}, w, ids, normalize="sum", eps=0.0, clip=1e9)
+    per = mixed_advantages({"big": big, "small": small}, w, ids, normalize="per_reward", eps=0.0, clip=1e9)
+    assert corr(summed, own) < 0.15  # ~1/10: drowned
+    assert 0.6 < corr(per, own) < 0.8  # ~1/sqrt(2): counts as much as the other

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..advantages import group_advantages
+from ..advantages import mixed_advantages
 from ..build import pick_device, policy_from_params, reward_from_params
 from ..config import Params, ResolvedMethod
 from ..errors import UserError
@@ -354,9 +354,10 @@ def _advantages(r: _Run, traj: Trajectory, step: int, metrics: dict[str, float])
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
     rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
-    if fault("reward", step) == "nan":
-        rewards = rewards.clone()
-        rewards[0] = float("nan")
+    if fault("reward", step) == "nan":  # a reward model that returns NaN for one image
+        first = f"reward/{next(iter(r.params.reward.weights))}"
+        rewards, info = rewards.clone(), {**info, first: info[first].clone()}
+        rewards[0] = info[first][0] = float("nan")
     metrics["time/reward"] = time.perf_counter() - t0
     all_rewards = acc.gather(rewards.to(acc.device)).cpu()
     metrics["reward/mean"] = float(all_rewards.mean())
@@ -369,8 +370,12 @@ def _advantages(r: _Run, traj: Trajectory, step: int, metrics: dict[str, float])
     # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
     # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
     all_groups = acc.gather(traj.group_ids.to(acc.device)).cpu()
-    all_adv = group_advantages(all_rewards, all_groups, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
-                               global_std=tcfg.global_std)
+    rcfg = r.params.reward
+    parts = {k: acc.gather(info[f"reward/{k}"].float().to(acc.device)).cpu() for k in rcfg.weights}
+    for k, values in parts.items():
+        metrics.update(_spread_diagnostics(k, values, all_groups))
+    all_adv = mixed_advantages(parts, rcfg.weights, all_groups, normalize=rcfg.normalize, eps=tcfg.adv_eps,
+                               clip=tcfg.adv_clip, global_std=tcfg.global_std)
     rank = acc.process_index
     advantages = all_adv[rank * traj.batch_size : (rank + 1) * traj.batch_size]
     finite = bool(torch.isfinite(advantages).all())
@@ -379,6 +384,14 @@ def _advantages(r: _Run, traj: Trajectory, step: int, metrics: dict[str, float])
     rows = torch.arange(traj.batch_size) if r.sync.sharded else torch.nonzero(advantages != 0).flatten()
     metrics["train/kept_fraction"] = len(rows) / traj.batch_size
     return advantages, rows, finite
+
+
+def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
+    """The mean within-group std of one reward and the share of groups whose rewards are all equal (those carry no
+    gradient; Flow-GRPO logs the same share)."""
+    _, inverse = torch.unique(groups, return_inverse=True)
+    stds = torch.stack([rewards[inverse == g].std(unbiased=False) for g in range(int(inverse.max()) + 1)])
+    return {f"reward/{name}/group_std": float(stds.mean()), f"reward/{name}/zero_std_frac": float((stds == 0).float().mean())}
 
 
 def _route(r: _Run, it: int, traj: Trajectory, advantages, rows, finite: bool, metrics: dict[str, float]) -> None:
