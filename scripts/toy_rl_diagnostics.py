@@ -3,6 +3,7 @@
     python scripts/toy_rl_diagnostics.py snr --out docs/toy_rl/snr.json
     python scripts/toy_rl_diagnostics.py kl --out docs/toy_rl/kl.json
     python scripts/toy_rl_diagnostics.py step --reward toy_fidelity --out docs/toy_rl/step-toy_fidelity.json
+    python scripts/toy_rl_diagnostics.py signal --out docs/toy_rl/signal.json
 
 - ``snr``: how aligned the GRPO gradients of independent rollouts are, against the images per optimizer step and
   the prompts they come from: cos(g_a, g_b) for two rollouts of the same prompts (other SDE noise) and of different
@@ -10,6 +11,10 @@
 - ``kl``: where the large log-ratios come from once the policy moves: after k optimizer steps on a rollout (as
   ``train.optimizer_steps_per_epoch`` does), the log-ratio of every (image, trained step) of that rollout, summarised
   per SDE step, with the share of ½·mean(log_ratio²) carried by the largest 1% of the samples.
+- ``signal``: the per-image gradient signal-to-noise ratio of each reward (``jagg_core.snr.gradient_snr``) from K
+  independent rollouts of random training prompts, every reward on the same images; and, for the profile's reward
+  mix, the exact and the JAGG gradient of each rollout: their spread across rollouts, their cosine with the
+  reference gradient (the mean exact gradient of the other K − 1 rollouts) and the size of Adam's first step.
 - ``step``: one step of norm r along minus the normalised loss gradient (or its sign, as Adam's first step) and
   the reverse, judged by fresh rollouts with common random numbers on the trained prompts and on others.
 """
@@ -57,10 +62,11 @@ def _rollout(params, policy, prompts, reward_fn, ids, seed, iteration):
     return traj, adv, info
 
 
-def _grad(params, policy, traj, adv, rows=None):
-    method = params.method("baseline")
+def _grad(params, policy, traj, adv, rows=None, method_name="baseline"):
+    method = params.method(method_name)
     rows = torch.arange(traj.batch_size) if rows is None else rows
-    groups = plan_update(traj, method, params.sample, 0.0, torch.Generator().manual_seed(0))
+    jagg_frac = 0.0 if method.mode == "exact" else float(method.jagg_frac)
+    groups = plan_update(traj, method, params.sample, jagg_frac, torch.Generator().manual_seed(0))
     policy.transformer.zero_grad(set_to_none=True)
     accumulate_gradients(policy, traj, adv, rows, groups, method, sample=params.sample, train=params.train,
                          sync=NoSync(), reuse=False, autocast=contextlib.nullcontext)
@@ -88,6 +94,61 @@ def snr(args) -> dict:
                    "cos_same_prompts": _cos(ga, gs), "cos_other_prompts": _cos(ga, gd)}
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
+    return out
+
+
+def signal(args) -> dict:
+    """Per-image SNR by reward, and exact vs JAGG gradients of the profile's mix, from ``--repeats`` rollouts."""
+    from jagg_core.advantages import mixed_advantages
+    from jagg_core.rewards import make_reward
+    from jagg_core.snr import gradient_snr
+
+    n_prompts, g_size = args.prompts, args.group_size
+    params, policy, prompts, reward_fn = _setup({"sample.prompts_per_iteration": n_prompts,
+                                                 "sample.group_size": g_size})
+    names = args.rewards.split(",")
+    fns = {n: make_reward(n) for n in names}
+    tcfg, rcfg = params.train, params.reward
+    grads: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    mix: dict[str, list[torch.Tensor]] = {"baseline": [], "jagg": []}
+    gen = torch.Generator().manual_seed(args.seed)
+    for rep in range(args.repeats):
+        ids = torch.randperm(len(prompts), generator=gen)[:n_prompts].tolist()
+        traj = rollout(policy, [prompts[i] for i in ids], list(range(n_prompts)), params.sample, seed=args.seed,
+                       iteration=500 + rep)
+        texts = traj.image_prompts()
+        scores = {n: fn(traj.images, texts, [{} for _ in texts])[0] for n, fn in fns.items()}
+        for n in names:
+            adv = group_advantages(scores[n], traj.group_ids, eps=tcfg.adv_eps, clip=tcfg.adv_clip,
+                                   global_std=tcfg.global_std)
+            grads[n].append(_grad(params, policy, traj, adv))
+        mixed = {k: scores[k] if k in scores else make_reward(k)(traj.images, texts, [{} for _ in texts])[0]
+                 for k in rcfg.weights}
+        adv = mixed_advantages(mixed, rcfg.weights, traj.group_ids, normalize=rcfg.normalize, eps=tcfg.adv_eps,
+                               clip=tcfg.adv_clip, global_std=tcfg.global_std)
+        for m in mix:
+            mix[m].append(_grad(params, policy, traj, adv, method_name=m))
+        print(json.dumps({"repeat": rep, **{n: float(scores[n].mean()) for n in names}}), flush=True)
+    n_img = n_prompts * g_size
+    out = {"prompts": n_prompts, "group_size": g_size, "repeats": args.repeats,
+           "rewards": {n: gradient_snr(grads[n], n_img) for n in names}, "mix": {"weights": rcfg.weights,
+                                                                                 "normalize": rcfg.normalize}}
+    k = args.repeats
+    for m, gs in mix.items():
+        cos_ref = []
+        for i in range(k):  # the reference: the mean exact gradient of the other rollouts (independent of g_i)
+            ref = sum(mix["baseline"][j] for j in range(k) if j != i) / (k - 1)
+            cos_ref.append(_cos(gs[i], ref))
+        stack = torch.stack(gs).double()
+        out["mix"][m] = {**gradient_snr(gs, n_img), "cos_to_reference": cos_ref,
+                         "mean_norm": float(stack.norm(dim=1).mean()),
+                         "spread": float(((stack - stack.mean(0)) ** 2).sum(1).mean().sqrt()),
+                         # Adam's first step is lr · sign(g): its overlap with the reference direction
+                         "sign_cos_to_reference": [_cos(torch.sign(gs[i]),
+                                                        sum(mix["baseline"][j] for j in range(k) if j != i))
+                                                   for i in range(k)]}
+    out["mix"]["cos_jagg_exact_same_rollout"] = [_cos(a, b) for a, b in zip(mix["jagg"], mix["baseline"])]
+    print(json.dumps({n: out["rewards"][n]["snr_per_image"] for n in names}), flush=True)
     return out
 
 
@@ -183,7 +244,10 @@ def step(args) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=["snr", "kl", "step"])
+    ap.add_argument("what", choices=["snr", "kl", "step", "signal"])
+    ap.add_argument("--rewards", default="toy_preference,toy_fidelity", help="signal: the rewards compared")
+    ap.add_argument("--prompts", type=int, default=8, help="signal: prompts per rollout")
+    ap.add_argument("--group-size", type=int, default=16, help="signal: images per prompt")
     ap.add_argument("--reward", default="toy_fidelity", help="step: the training reward, e.g. toy_precision+toy_background")
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
@@ -192,7 +256,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    result = {"snr": snr, "kl": kl, "step": step}[args.what](args)
+    result = {"snr": snr, "kl": kl, "step": step, "signal": signal}[args.what](args)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     return 0
