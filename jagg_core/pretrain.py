@@ -168,8 +168,10 @@ def _save_atomically(out_dir: Path, transformer, text_encoder, tokenizer, geomet
 def _card_markdown(card: dict) -> str:
     return (
         "# toy-flux base model\n\n"
-        "A tiny diffusers `FluxTransformer2DModel` on packed 4x4 pixel patches with a tiny CLIP text encoder, "
-        "pretrained by rectified flow matching on jagg's procedural shapes world (`jagg_core.world`).\n\n"
+        f"A tiny diffusers `FluxTransformer2DModel` on packed {card['pretrain']['patch_size']}x"
+        f"{card['pretrain']['patch_size']} pixel patches with a tiny CLIP text encoder, "
+        "pretrained by rectified flow matching on jagg's procedural shapes world (`jagg_core.world`) with "
+        "`jagg pretrain` (the recipe is `card.json`'s `pretrain` and `world`).\n\n"
         f"- steps: {card['steps']} x batch {card['batch_size']} ({card['images_seen']} images), seed {card['seed']}\n"
         f"- imperfect captions: {card['caption_noise']:.0%} of pairs\n"
         f"- flow-matching loss: {card['first_loss']:.4f} at start, {card['final_loss']:.4f} at the end\n"

@@ -1,16 +1,27 @@
-"""Stage `pretrain`: the toy profile's base model by flow matching on the world (real profiles use their weights)."""
+"""Stage `pretrain`: the toy profile's base model (real profiles use their weights).
+
+The project ships the embedded default's base model (``assets/toy-base/``: weights, card, recipe, SHA-256 sums), so
+every machine starts its RL from the same bits: a profile whose ``pretrain`` and ``world`` params are the shipped
+card's recipe gets a verified copy of it. Any other recipe (the ci profile's short one) is pretrained here by flow
+matching on the world; ``--force`` pretrains the shipped recipe from scratch (``jagg pretrain --force``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from prefect import task
 
 from jagg_core.config import Params
 from jagg_core.paths import Layout
-from jagg_core.storage import atomic_write_text
+from jagg_core.errors import UserError
+from jagg_core.storage import atomic_write_text, replace_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -23,6 +34,57 @@ def _same_recipe(card_path, params: Params) -> bool:
         return False
     want = json.loads(json.dumps({"pretrain": params.pretrain.model_dump(), "world": params.world.model_dump()}))
     return isinstance(card, dict) and all(card.get(k) == v for k, v in want.items())
+
+
+SHIPPED_BASE = Path(__file__).resolve().parents[1] / "assets" / "toy-base"
+SUMS = "SHA256SUMS"
+
+
+def file_sums(folder: Path) -> dict[str, str]:
+    """relative path -> SHA-256 of every file of ``folder`` but the sums file itself."""
+    out = {}
+    for p in sorted(q for q in folder.rglob("*") if q.is_file() and q.name != SUMS):
+        out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def write_sums(folder: Path) -> None:
+    """Write ``SHA256SUMS`` (``sha256sum`` format) for ``folder``: what ships is checked before every use."""
+    (folder / SUMS).write_text("".join(f"{h}  {name}\n" for name, h in file_sums(folder).items()))
+
+
+def verify_sums(folder: Path) -> None:
+    """One sentence if a file of ``folder`` is missing, extra or not the bits its ``SHA256SUMS`` names."""
+    try:
+        want = dict(reversed(line.split("  ", 1)) for line in (folder / SUMS).read_text().splitlines() if line)
+    except (OSError, ValueError) as e:
+        raise UserError(f"the shipped base model {folder} has no readable {SUMS} ({e}); restore it with "
+                        f"`git checkout -- {folder.name}`.") from None
+    have = file_sums(folder)
+    bad = sorted(set(want) ^ set(have) | {k for k in want.keys() & have.keys() if want[k] != have[k]})
+    if bad:
+        raise UserError(f"the shipped base model {folder} is damaged ({bad[0]} is missing, extra or changed); "
+                        f"restore it with `git checkout -- assets/toy-base`.")
+
+
+def install_shipped_base(dest: Path, source: Path = SHIPPED_BASE) -> None:
+    """Copy the verified shipped base model to ``dest`` (atomically), unless ``dest`` already holds its bits."""
+    verify_sums(source)
+    if (dest / SUMS).is_file() and (dest / SUMS).read_bytes() == (source / SUMS).read_bytes():
+        try:
+            verify_sums(dest)
+            return
+        except UserError:
+            pass  # a damaged copy: replaced below
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        verify_sums(tmp)
+        replace_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool = False) -> dict:
@@ -38,6 +100,10 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
         log.info("%s uses its own weights (%s); nothing to pretrain", params.model.backbone, params.model.path)
         return card
     card_path = lay.base_model / "card.json"
+    if not force and _same_recipe(SHIPPED_BASE / "card.json", params):
+        install_shipped_base(lay.base_model)
+        log.info("base model: the shipped one (assets/toy-base, SHA-256 verified) -> %s", lay.base_model)
+        return json.loads(card_path.read_text())
     if not force and (lay.base_model / "transformer").is_dir() and _same_recipe(card_path, params):
         log.info("base model %s is up to date (same pretrain and world params); kept", lay.base_model)
         return json.loads(card_path.read_text())
@@ -64,7 +130,8 @@ def pretrain_task(params: Params) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg pretrain", description=__doc__.splitlines()[0])
     add_common_args(ap)
-    ap.add_argument("--force", action="store_true", help="pretrain again even if the saved base model is up to date")
+    ap.add_argument("--force", action="store_true",
+                    help="pretrain from scratch even if the saved or the shipped base model has these params")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     pretrain(params, layout(params), force=args.force)
