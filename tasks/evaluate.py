@@ -60,6 +60,12 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
                 logger.log_image(image_grid(torch.stack(images), [p for _, _, p in prompts], ncols=4), "eval",
                                  point["step"])
     tracker.log_artifact(run_id, lay.eval_dir(run) / "metrics.json", "eval")
+    if run == "base" and params.is_toy:  # the toy's ceiling, beside its base model: the report's gap to close
+        from jagg_core.evaluation.evaluate import evaluate_ground_truth
+
+        truth = {k: v["benchmark"] for k, v in evaluate_ground_truth(params, lay)["metrics"].items()}
+        logger.log_metrics({f"eval/ground_truth/{k}": v for k, v in truth.items()}, 0)
+        log.info("ground truth (the world's renders): %s", ", ".join(f"{k} {v:.4f}" for k, v in truth.items()))
     tracker.finish(run_id)  # the base model's run starts here; a method's run was its training run
     main = {k: v["benchmark"] for k, v in result["metrics"].items()}
     log.info("%s at step %d: %s", run, result["step"], ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
