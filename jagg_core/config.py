@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import UserError
+from .modes import MODES, VARIANTS
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -209,7 +210,7 @@ class JaggConfig(_Section):
     jagg_frac: JaggFrac = Field(
         0.6, description="fraction of groups (high-noise first) using JAGG, or 'auto' (from gradient fidelity)"
     )
-    variant: Literal["joint", "sequential"] = Field("joint", description="one joint backward or one per anchor")
+    variant: Literal[VARIANTS] = Field("joint", description="one joint backward or one per anchor")
     anchors: int = Field(2, ge=2, description="K anchors per group (2 = the paper's JAGG, W = exact)")
     auto_threshold: float = Field(0.5, ge=-1, le=1, description="jagg_frac 'auto': cosine threshold")
     auto_every: int = Field(0, ge=0, description="jagg_frac 'auto': re-estimate every N iterations; 0 = at start")
@@ -227,12 +228,13 @@ class JaggConfig(_Section):
 class MethodConfig(_Section):
     """A training method: the backward mode plus optional overrides of the jagg section."""
 
-    mode: Literal["exact", "jagg", "ablate", "ablate_matched"] = Field(
-        ..., description="backward mode (ablate_matched: the ablation with its anchors weighted W/K)"
+    mode: Literal[MODES] = Field(
+        ..., description="backward mode, one of jagg_core.modes.MODES (ablate_matched: the ablation with its anchors "
+                         "weighted W/K; exact_batched: exact in one forward call and one backward per group)"
     )
     window: int | None = Field(None, ge=2, description="override jagg.window")
     jagg_frac: JaggFrac = Field(None, description="override jagg.jagg_frac")
-    variant: Literal["joint", "sequential"] | None = Field(None, description="override jagg.variant")
+    variant: Literal[VARIANTS] | None = Field(None, description="override jagg.variant")
     anchors: int | None = Field(None, ge=2, description="override jagg.anchors")
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
 
@@ -403,7 +405,7 @@ class Params(_Section):
 
 class ResolvedMethod(JaggConfig):
     name: str
-    mode: Literal["exact", "jagg", "ablate", "ablate_matched"]
+    mode: Literal[MODES]
 
 
 # Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.

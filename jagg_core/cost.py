@@ -8,14 +8,17 @@ backward = 2 an exact group of W steps costs 3W, a JAGG group W + 4 (two anchors
 
 from __future__ import annotations
 
+from .modes import EXACT_MODES
+
 __all__ = ["update_cost", "ideal_speedup"]
 
 
 def group_forwards(steps: int, mode: str, *, anchors: int, reuse: bool) -> tuple[int, int]:
-    """(with-grad forwards, no-grad forwards) of one group of ``steps`` steps: exact keeps a graph per step; JAGG and
+    """(with-grad forwards, no-grad forwards) of one group of ``steps`` steps: exact (and exact_batched) keeps a graph
+    per step; JAGG and
     the ablation keep ``anchors`` graphs and recompute the middle velocities without one, unless the rollout's are
     reused."""
-    if mode == "exact":
+    if mode in EXACT_MODES:
         return steps, 0
     k = min(anchors, steps)
     return k, 0 if reuse else steps - k

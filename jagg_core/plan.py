@@ -149,7 +149,8 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         m = params.method(name)
         units = _update_units(params, m)
         update = images * (units["grad"] * (f + b) + units["nograd"] * f)
-        graphs = 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window)
+        graphs = (m.window if m.mode == "exact_batched"  # every step's graph alive at once
+                  else 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window))
         row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
                "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,

@@ -26,6 +26,7 @@ from ..config import Params, ResolvedMethod
 from ..errors import UserError
 from ..faults import fault
 from ..metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..modes import EXACT_MODES
 from ..paths import Layout, run_name
 from ..redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
@@ -341,7 +342,7 @@ def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajecto
     fault("rollout", step)
     t0 = time.perf_counter()
     traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
-                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode != "exact",
+                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
                    policy_version=r.policy_version, autocast=r.autocast)
     metrics["time/rollout"] = time.perf_counter() - t0
     metrics["sample/window_start"] = traj.train_steps[0]
