@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from ..report import markdown_table
+from ..pipeline.report import markdown_table
 
 __all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
            "write_markdown"]
@@ -138,7 +138,7 @@ def _plot_iteration(r: dict, path: Path) -> bool:
     it = r.get("iteration")
     if not it:
         return False
-    from ..report import plot_stacked_bars
+    from ..pipeline.report import plot_stacked_bars
 
     rows = it["breakdown"]
     return plot_stacked_bars([b["key"] for b in rows], [b["phases"] for b in rows], ITERATION_PHASES, path,
@@ -348,7 +348,7 @@ def read_main_job(report_dir: str | Path) -> dict:
 
 
 def _main_job(job: dict, figure: str) -> list[str]:
-    from ..report import breakdown_rows
+    from ..pipeline.report import breakdown_rows
 
     worst = max(b["overhead_share"] for b in job["breakdown"])
     return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
@@ -366,7 +366,7 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     existing page (its GPU figures) is kept."""
     import shutil
 
-    from ..storage import atomic_write_text
+    from ..pipeline.storage import atomic_write_text
 
     path = Path(path)
     figures = {}

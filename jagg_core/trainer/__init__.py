@@ -2,7 +2,7 @@
 
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve
-from ..storage import read_prompts
+from ..pipeline.storage import read_prompts
 from .loop import TrainingError, TrainResult, train
 from .rollout import Trajectory, rollout
 

@@ -1,4 +1,4 @@
-"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.metric_logger`).
+"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.pipeline.metric_logger`).
 
 The trainer emits namespaced metrics (``reward/…``, ``train/…``, ``time/…``, ``jagg/…``) per iteration through a
 :class:`MetricLogger`; the pipeline binds it to MLflow, and :class:`TsvCurve` always writes ``curve.tsv`` (one row per
@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..storage import atomic_write_text
+from ..pipeline.metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..pipeline.storage import atomic_write_text
 
 __all__ = ["MetricLogger", "NullLogger", "MultiLogger", "TsvCurve"]
 

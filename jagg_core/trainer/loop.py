@@ -21,17 +21,17 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import group_advantages
-from ..build import pick_device, policy_from_params, reward_from_params
-from ..config import Params, ResolvedMethod
+from ..pipeline.build import pick_device, policy_from_params, reward_from_params
+from ..pipeline.config import Params, ResolvedMethod
 from ..errors import UserError
-from ..faults import fault
-from ..metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..pipeline.faults import fault
+from ..pipeline.metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..modes import EXACT_MODES
-from ..paths import Layout, run_name
-from ..redact import flatten, redact
+from ..pipeline.paths import Layout, run_name
+from ..pipeline.redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
-from ..storage import FolderLock, atomic_write_text, read_prompts
+from ..pipeline.storage import FolderLock, atomic_write_text, read_prompts
 from .checkpoint import (CheckpointError, latest_checkpoint_together, list_checkpoints, load_sharded_state,
                          recover_leftovers, save_checkpoint, save_sharded_checkpoint)
 from .distributed import GradSync, make_grad_sync, shard_transformer

@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from ..config import ResolvedMethod, SampleConfig, TrainConfig
+from ..pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
 from ..jagg import Group, group_backward, plan_groups
 from ..loss import ppo_step_loss

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Params, ResolvedMethod
-from .cost import group_forwards
+from ..cost import group_forwards
 
 __all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
            "implied_utilisation", "plan"]
@@ -87,8 +87,8 @@ def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
     """Per image and iteration, the expected with-grad and no-grad forwards of the update (in steps; a backward per
     with-grad forward), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole
     groups."""
-    from .jagg import plan_groups
-    from .trainer.loop import AUTO_FALLBACK_JAGG_FRAC
+    from ..jagg import plan_groups
+    from ..trainer.loop import AUTO_FALLBACK_JAGG_FRAC
 
     sample = params.sample
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size

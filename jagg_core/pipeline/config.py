@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import UserError
-from .modes import MODES, VARIANTS
+from ..errors import UserError
+from ..modes import MODES, VARIANTS
 
 __all__ = [
     "KNOWN_BACKBONES",
