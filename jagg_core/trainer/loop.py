@@ -36,7 +36,7 @@ from .checkpoint import (CheckpointError, latest_checkpoint_together, list_check
                          recover_leftovers, save_checkpoint, save_sharded_checkpoint)
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
-from .logging import TsvCurve
+from .curve import TsvCurve
 from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
