@@ -392,7 +392,8 @@ def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
     groups = plan_groups(traj.train_steps, 4, 1.0, mode=mode)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, method,
-                                 sample=SampleConfig(num_steps=4, noise_level=0.7, group_size=2, batch_size=4),
+                                 sample=SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2,
+                                                     batch_size=4),
                                  train=TrainConfig(micro_batch=4, clip_range=1e-4), sync=NoSync(), reuse=reuse,
                                  autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     for p in policy.trainable_parameters():
@@ -411,7 +412,8 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
 
     policy = load(tiny_dir, "flux")
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
-    cfg = SampleConfig(num_steps=4, noise_level=0.7, group_size=2, prompts_per_iteration=2, batch_size=4)
+    cfg = SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2, prompts_per_iteration=2,
+                       batch_size=4)
     traj = rollout(policy, PROMPTS, [0, 1], cfg, seed=0, iteration=0, keep_velocities=True, autocast=bf16)
     for name, reuse in (("exact", False), ("jagg", False), ("jagg", True)):
         stats = _bf16_update(policy, traj, name, reuse)
