@@ -1,4 +1,5 @@
-"""JAGG group backward against slow, obviously-correct references, in float64 (ARCHITECTURE §1)."""
+"""JAGG group backward against slow, obviously-correct references, in float64 (arXiv:2607.17572, Eq. 6–7 and
+Theorem 1)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,18 @@ def jagg_reference(model, velocity, step_loss, t):
     alpha = (t[0] - t) / (t[0] - t[-1])
     j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, w - 1)
     return sum(((1 - a) * j0 + a * j1).T @ upstream(step_loss, velocity, j) for j, a in enumerate(alpha))
+
+
+def batched_velocity(model, t, zs, calls):
+    """``velocity_batch`` for :func:`group_backward`: the steps ``js`` in one model call, each call noted in ``calls``."""
+
+    def velocity_batch(js):
+        calls.append(tuple(js))
+        b = zs[0].shape[0]
+        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
+        return list(v.split(b))
+
+    return velocity_batch
 
 
 def run(model, velocity, step_loss, t, mode, variant="joint", **kw):
@@ -432,12 +445,7 @@ def test_batched_anchor_forward_is_one_call_with_the_same_gradient():
     velocity, step_loss = ppo_problem(model, t, zs)
     g_ref, _ = run(model, velocity, step_loss, t, "jagg")
     calls = []
-
-    def velocity_batch(js):
-        calls.append(tuple(js))
-        b = zs[0].shape[0]
-        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
-        return list(v.split(b))
+    velocity_batch = batched_velocity(model, t, zs, calls)
 
     lasts = []
     g, stats = run(model, velocity, step_loss, t, "jagg", velocity_batch=velocity_batch, before_backward=lasts.append)
@@ -457,12 +465,7 @@ def test_exact_batched_is_exact_in_one_forward_call_and_one_backward(monkeypatch
     g_exact, _ = run(model, velocity, step_loss, t, "exact")
     assert rel_err(g_exact, exact_reference(model, velocity, step_loss, len(t))) <= 1e-12
     calls = []
-
-    def velocity_batch(js):
-        calls.append(tuple(js))
-        b = zs[0].shape[0]
-        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
-        return list(v.split(b))
+    velocity_batch = batched_velocity(model, t, zs, calls)
 
     n_backward = []
     real_backward = torch.autograd.backward
