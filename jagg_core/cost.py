@@ -1,4 +1,5 @@
-"""The update stage's cost model (paper §Method; ARCHITECTURE §1), one pure function for the report and the bench.
+"""The update stage's cost model (arXiv:2607.17572, §Method; docs/architecture.md), one pure function for the report
+and the bench.
 
 A step trained with autograd costs a forward and a backward (``f + b``); a JAGG middle step recomputed under
 ``no_grad`` costs one forward ``f0``; a velocity reused from the rollout costs nothing. With forward = 1 and

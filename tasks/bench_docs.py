@@ -228,7 +228,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
         "through the trainer's own `plan_groups` → `accumulate_gradients` → `group_backward`. Each timed round "
         "(after one warm-up) runs every variant once in a shuffled order; times are "
         "medians over rounds with their interquartile range and min–max; speedup = median exact / median variant, "
-        "from the same run. *Ideal* is the cost model (ARCHITECTURE §1) with the policy's measured no-grad forward "
+        "from the same run. *Ideal* is the cost model (jagg_core/cost.py) with the policy's measured no-grad forward "
         "f0, with-grad forward f and backward b: exact W·(f + b) per group, K-anchor JAGG (W − K)·f0 + K·(f + b) "
         "(the paper's JAGG: K = 2), with rollout-velocity reuse K·(f + b). *Textbook* is the same model with "
         "f0 = f = 1, b = 2: 3W/(W + 4) per JAGG group, W/2 with reuse. Groups not routed to JAGG "
