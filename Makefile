@@ -1,4 +1,5 @@
-# The two commands of the README: `make run` (set up, then the main job on the embedded default) and `make test`.
+# The two commands of the README: `make run` (set up, then the main job on the embedded default) and `make test` (the
+# full suite, what CI runs); `make test-fast` is the quick loop while changing code (no `slow` tests).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup run test repro
+.PHONY: setup run test test-fast repro
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +26,9 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not slow"
 
 repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro

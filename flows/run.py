@@ -10,7 +10,7 @@ import os
 import sys
 import time
 
-from jagg_core.config import ParamsError
+from jagg_core.pipeline.config import ParamsError
 from tasks.common import ROOT, add_common_args, cli, layout, parse_overrides
 
 from .reproduce import flow_params, reproduce

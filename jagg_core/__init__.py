@@ -1,53 +1,60 @@
 """jagg_core: GRPO for flow-matching text-to-image transformers with Jacobian-Aggregated Group Gradients.
 
-The algorithm (this namespace) needs torch alone. Policies, rewards, the trainer and evaluation live in subpackages
-that are imported explicitly (``jagg_core.policies``, ``jagg_core.rewards``, ...). Shared by all of them and by the
-orchestration layers: ``storage`` (atomic writes, the folder swap and lock, prompt files), ``cost`` (the update's
-cost model), ``metric_logger`` (the logging interface) and ``errors`` (the base of every user-facing error).
+Two parts (docs/architecture.md is the map):
+
+- **the algorithm**, the modules of this folder that need torch alone: ``jagg`` (Eq. 6–7, ``group_backward``,
+  ``plan_groups``), ``modes`` (the registry of backward modes), ``sde``, ``loss``, ``advantages``, ``schedules``,
+  ``fidelity``, ``cost`` and ``errors``. The names below are imported lazily: ``import jagg_core`` imports nothing,
+  ``from jagg_core import group_backward`` imports ``jagg_core.jagg`` (and torch) only.
+- **the library and the application** in subpackages imported explicitly: ``policies``, ``rewards``, ``world``,
+  ``trainer``, ``evaluation`` and ``sampling`` (the sampler they share); ``pipeline`` (configuration, paths, storage,
+  tracking, reports, planning, pretraining, fault injection) and ``bench`` (the update-stage benchmark).
 """
 
-from .advantages import group_advantages
-from .fidelity import FidelityReport, gradient_fidelity, jagg_frac_from_cosines
-from .jagg import (
-    MODES,
-    VARIANTS,
-    Group,
-    GroupStats,
-    aggregate_upstream,
-    anchor_positions,
-    anchor_weights,
-    group_backward,
-    interpolation_weights,
-    plan_groups,
-)
-from .loss import PpoStepLoss, ppo_step_loss
-from .schedules import Schedule, flow_match_schedule, resolution_mu, shift_sigmas
-from .sde import SDE_KINDS, SdeStep, randn, sde_step_with_logprob
+from __future__ import annotations
 
-__all__ = [
-    "MODES",
-    "SDE_KINDS",
-    "VARIANTS",
-    "FidelityReport",
-    "Group",
-    "GroupStats",
-    "PpoStepLoss",
-    "Schedule",
-    "SdeStep",
-    "aggregate_upstream",
-    "anchor_positions",
-    "anchor_weights",
-    "flow_match_schedule",
-    "gradient_fidelity",
-    "group_advantages",
-    "group_backward",
-    "interpolation_weights",
-    "jagg_frac_from_cosines",
-    "plan_groups",
-    "randn",
-    "ppo_step_loss",
-    "resolution_mu",
-    "sde_step_with_logprob",
-    "shift_sigmas",
-]
+import importlib
+
+# public name -> the algorithm module that defines it
+_LAZY = {
+    "group_advantages": "advantages",
+    "FidelityReport": "fidelity",
+    "gradient_fidelity": "fidelity",
+    "jagg_frac_from_cosines": "fidelity",
+    "Group": "jagg",
+    "GroupStats": "jagg",
+    "aggregate_upstream": "jagg",
+    "anchor_positions": "jagg",
+    "anchor_weights": "jagg",
+    "group_backward": "jagg",
+    "interpolation_weights": "jagg",
+    "plan_groups": "jagg",
+    "MODES": "modes",
+    "VARIANTS": "modes",
+    "PpoStepLoss": "loss",
+    "ppo_step_loss": "loss",
+    "Schedule": "schedules",
+    "flow_match_schedule": "schedules",
+    "resolution_mu": "schedules",
+    "shift_sigmas": "schedules",
+    "SDE_KINDS": "sde",
+    "SdeStep": "sde",
+    "randn": "sde",
+    "sde_step_with_logprob": "sde",
+}
+
+__all__ = sorted(_LAZY)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jagg_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

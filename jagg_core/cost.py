@@ -1,4 +1,5 @@
-"""The update stage's cost model (paper §Method; ARCHITECTURE §1), one pure function for the report and the bench.
+"""The update stage's cost model (arXiv:2607.17572, §Method; docs/architecture.md), one pure function for the report
+and the bench.
 
 A step trained with autograd costs a forward and a backward (``f + b``); a JAGG middle step recomputed under
 ``no_grad`` costs one forward ``f0``; a velocity reused from the rollout costs nothing. With forward = 1 and
@@ -8,14 +9,17 @@ backward = 2 an exact group of W steps costs 3W, a JAGG group W + 4 (two anchors
 
 from __future__ import annotations
 
+from .modes import EXACT_MODES
+
 __all__ = ["update_cost", "ideal_speedup"]
 
 
 def group_forwards(steps: int, mode: str, *, anchors: int, reuse: bool) -> tuple[int, int]:
-    """(with-grad forwards, no-grad forwards) of one group of ``steps`` steps: exact keeps a graph per step; JAGG and
+    """(with-grad forwards, no-grad forwards) of one group of ``steps`` steps: exact (and exact_batched) keeps a graph
+    per step; JAGG and
     the ablation keep ``anchors`` graphs and recompute the middle velocities without one, unless the rollout's are
     reused."""
-    if mode == "exact":
+    if mode in EXACT_MODES:
         return steps, 0
     k = min(anchors, steps)
     return k, 0 if reuse else steps - k

@@ -1,4 +1,4 @@
-"""JAGG: Jacobian-Aggregated Group Gradients (paper §Method; ARCHITECTURE §1).
+"""JAGG: Jacobian-Aggregated Group Gradients (arXiv:2607.17572, §Method; map of the code: docs/architecture.md).
 
 For a group of W consecutive denoising steps, the exact GRPO gradient is ``Σ_j J_jᵀ s_j`` with
 ``J_j = ∂v_θ(z_j, t_j)/∂θ`` and upstream signals ``s_j = ∂L_j/∂v_j``. JAGG interpolates the Jacobians linearly in the
@@ -9,8 +9,10 @@ network timestep between the group's endpoints (Eq. 6), ``J_j ≈ (1 − α_j) J
 Generalised here to K anchors (K = 2 is the paper's JAGG, K = W is exact): each step's Jacobian is interpolated
 between its two neighbouring anchors with the same t-weighted rule, and the signals are aggregated per anchor.
 
-Modes: ``exact`` (W with-grad forwards, W backwards), ``jagg`` and ``ablate`` (anchors with grad, middle steps under
-``no_grad``; ablate keeps only the anchors' own signals and discards the middle ones). ``ablate_matched`` is the
+Modes (the registry :data:`jagg_core.modes.BACKWARD_MODES`): ``exact`` (W with-grad forwards, W backwards),
+``exact_batched`` (the same gradient, all W steps in one with-grad forward call and one backward), ``jagg`` and
+``ablate`` (anchors with grad, middle steps under ``no_grad``; ablate keeps only the anchors' own signals and discards
+the middle ones). ``ablate_matched`` is the
 weight-matched reading of the ablation: each of the K anchors keeps its own signal scaled by W/K, so an ablated group
 weighs as much as an exact group beside it (``ablate``'s gradient is about K/W of the exact one's). Variants: ``joint`` (one
 ``torch.autograd.backward`` over all anchors: one FSDP all-gather per module) and ``sequential`` (one anchor graph
@@ -26,7 +28,10 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from .modes import EXACT_MODES, MODES, VARIANTS
+
 __all__ = [
+    "EXACT_MODES",
     "MODES",
     "VARIANTS",
     "Group",
@@ -39,8 +44,6 @@ __all__ = [
     "group_backward",
 ]
 
-MODES = ("exact", "jagg", "ablate", "ablate_matched")
-VARIANTS = ("joint", "sequential")
 
 Velocity = Callable[[int], torch.Tensor]
 StepLoss = Callable[[int, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]"]
@@ -113,7 +116,7 @@ class Group:
     """W consecutive trained steps (indices into the trajectory) and how their gradient is computed."""
 
     steps: tuple[int, ...]
-    mode: str  # "exact" | "jagg" | "ablate"
+    mode: str  # one of MODES (jagg_core.modes)
     position: int  # index of the group along the trajectory (0 = highest noise)
 
 
@@ -136,7 +139,8 @@ def plan_groups(
         num_steps: the number of trained steps (0..T−1), or the trained step indices in denoising order.
         window: W ≥ 2.
         jagg_frac: fraction of full groups, from the high-noise end, that use ``mode``.
-        mode: ``"jagg"``, ``"ablate"`` or ``"exact"`` (every group exact, the baseline).
+        mode: one of :data:`MODES`: ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` route the leading groups;
+            ``"exact"`` or ``"exact_batched"`` route every group, the partial one included (the baseline).
         fraction: fraction of groups kept, in (0, 1].
         generator: RNG for the subset.
     """
@@ -151,8 +155,11 @@ def plan_groups(
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
     chunks = [tuple(steps[i : i + window]) for i in range(0, len(steps), window)]
     n_full = len(steps) // window
-    n_routed = 0 if mode == "exact" else math.floor(jagg_frac * n_full + 0.5)  # round half up
-    groups = [Group(c, mode if i < n_routed else "exact", i) for i, c in enumerate(chunks)]
+    if mode in EXACT_MODES:  # the exact baselines: every group, the partial one too
+        groups = [Group(c, mode, i) for i, c in enumerate(chunks)]
+    else:
+        n_routed = math.floor(jagg_frac * n_full + 0.5)  # round half up
+        groups = [Group(c, mode if i < n_routed else "exact", i) for i, c in enumerate(chunks)]
     if fraction < 1.0 and groups:
         keep = max(1, round(fraction * len(groups)))
         chosen = torch.randperm(len(groups), generator=generator)[:keep].sort().values
@@ -210,19 +217,27 @@ def group_backward(
 ) -> GroupStats:
     """Accumulate the group's GRPO gradient into the parameters' ``.grad``, like ``loss.backward()``.
 
+    A dispatcher over one function per path: :func:`_exact_backward` (``exact``), :func:`_exact_batched_backward`
+    (``exact_batched``) and :func:`_anchored_backward` (``jagg``, ``ablate``, ``ablate_matched``: Eq. 7), whose
+    anchors go through :func:`_joint_anchors` or :func:`_sequential_anchors`.
+
     Args:
         velocity: ``j -> v_j`` runs the policy on stored step j (0 ≤ j < W) of the group; this function decides the
             grad mode around each call.
         step_loss: ``(j, v) -> L_j`` (or ``(L_j, {name: stat})``), a scalar differentiable in ``v`` only. Its scale
             is the caller's (e.g. ``L_j / W``).
         t: (W,) network timesteps of the group.
-        mode: ``"exact"``, ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` (anchor signals scaled by W/K).
-        variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time).
+        mode: one of :data:`MODES` (``jagg_core.modes``): ``"exact"``, ``"exact_batched"`` (exact, all W steps in one
+            forward call and one backward), ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` (anchor signals scaled
+            by W/K).
+        variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time); the
+            exact modes ignore it.
         anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
         middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
             rollout while the policy is unchanged); None falls back to a no-grad forward.
         velocity_batch: ``[j, ...] -> [v_j, ...]`` in ONE policy call (e.g. the anchors concatenated along the batch):
-            the joint variant then builds a single graph, so FSDP all-gathers each module once in its backward.
+            the joint variant then builds a single graph, so FSDP all-gathers each module once in its backward;
+            ``exact_batched`` forwards all W steps through it (W separate calls without it).
         before_backward: called with ``last`` before each backward call (``last`` for the group's final one); a
             data-parallel caller uses it to synchronise gradients only once.
     """
@@ -231,84 +246,142 @@ def group_backward(
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
     t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
-    w = t.numel()
-    stats = GroupStats(mode=mode, variant=variant, window=w)
-    extras: dict[str, list[float]] = {}
+    run = _GroupRun(step_loss, before_backward, GroupStats(mode=mode, variant=variant, window=t.numel()))
+    if mode == "exact" or t.numel() < 2:
+        run.stats.mode = "exact"
+        _exact_backward(run, velocity, t.numel())
+    elif mode == "exact_batched":
+        _exact_batched_backward(run, velocity, velocity_batch, t.numel())
+    else:
+        _anchored_backward(run, velocity, t, mode, variant, anchors, middle_velocity, velocity_batch)
+    run.stats.extras = {k: sum(x) / len(x) for k, x in run.extras.items()}
+    return run.stats
 
-    def signal(j: int, v: torch.Tensor) -> torch.Tensor:
-        s, loss, ex = _upstream(step_loss, j, v)
-        stats.loss += loss
+
+@dataclass
+class _GroupRun:
+    """What every path of :func:`group_backward` shares: the step losses' signals and the counted backward calls."""
+
+    step_loss: StepLoss
+    before_backward: Callable[[bool], None] | None
+    stats: GroupStats
+    extras: dict[str, list[float]] = field(default_factory=dict)
+
+    def signal(self, j: int, v: torch.Tensor) -> torch.Tensor:
+        """s_j = ∂L_j/∂v_j, with L_j and its extra stats recorded."""
+        s, loss, ex = _upstream(self.step_loss, j, v)
+        self.stats.loss += loss
         for k, x in ex.items():
-            extras.setdefault(k, []).append(x)
+            self.extras.setdefault(k, []).append(x)
         return s
 
-    def backward(outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
-        if before_backward is not None:
-            before_backward(last)
+    def backward(self, outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
+        """One transformer backward pass: ``Σ_i outputs_iᵀ grads_i`` into ``.grad``."""
+        if self.before_backward is not None:
+            self.before_backward(last)
         t0 = _clock(outputs[0])
         torch.autograd.backward(outputs, grads)
-        stats.backward_seconds += _clock(outputs[0]) - t0
-        stats.backward_calls += 1
+        self.stats.backward_seconds += _clock(outputs[0]) - t0
+        self.stats.backward_calls += 1
 
-    if mode == "exact" or w < 2:
-        # The baseline: every step forwards with grad and backwards on its own (at most one graph alive).
-        stats.mode = "exact"
-        for j in range(w):
-            v = velocity(j)
-            stats.grad_forwards += 1
-            stats.forward_calls += 1
-            backward([v], [signal(j, v).to(v.dtype)], last=j == w - 1)
-            del v
+
+def _exact_backward(run: _GroupRun, velocity: Velocity, w: int) -> None:
+    """The baseline: every step forwards with grad and backwards on its own (at most one graph alive)."""
+    for j in range(w):
+        v = velocity(j)
+        run.stats.grad_forwards += 1
+        run.stats.forward_calls += 1
+        run.backward([v], [run.signal(j, v).to(v.dtype)], last=j == w - 1)
+        del v
+
+
+def _exact_batched_backward(run: _GroupRun, velocity: Velocity,
+                            velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, w: int) -> None:
+    """The exact gradient ``Σ_j J_jᵀ s_j`` with every step's graph alive at once: all W steps in one with-grad forward
+    call (``velocity_batch``; W calls without it) and one backward over them all."""
+    steps = list(range(w))
+    if velocity_batch is not None:
+        outputs = list(velocity_batch(steps))
+        run.stats.forward_calls += 1
     else:
-        pos = anchor_positions(w, anchors)
-        weights = anchor_weights(t, pos) if mode == "jagg" else None  # (W, K)
-        own = w / len(pos) if mode == "ablate_matched" else 1.0  # ablate's anchor weight: 1, or W/K weight-matched
-        s_anchor: list[torch.Tensor | None] = [None] * len(pos)
+        outputs = [velocity(j) for j in steps]
+        run.stats.forward_calls += w
+    run.stats.grad_forwards += w
+    grads = [run.signal(j, v).to(v.dtype) for j, v in zip(steps, outputs)]
+    run.backward(outputs, grads, last=True)
+    del outputs
 
-        def accumulate(j: int, s: torch.Tensor) -> None:
-            for k in range(len(pos)):
-                if weights is None:  # ablate: an anchor keeps its own signal, middle signals are discarded
-                    c = own if pos[k] == j else 0.0
-                else:
-                    c = float(weights[j, k])
-                if c != 0.0:
-                    s_anchor[k] = c * s if s_anchor[k] is None else s_anchor[k] + c * s
 
-        # Middle steps first, under no_grad: no graph is alive while they run.
-        for j in range(w):
-            if j in pos:
-                continue
-            v = middle_velocity(j) if middle_velocity is not None else None
-            if v is None:
-                with torch.no_grad():
-                    v = velocity(j)
-                stats.nograd_forwards += 1
-                stats.forward_calls += 1
+def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode: str, variant: str, anchors: int,
+                       middle_velocity: Callable[[int], torch.Tensor | None] | None,
+                       velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None) -> None:
+    """Eq. 7 with K anchors: ``∇θ ≈ Σ_k J_{a_k}ᵀ s_anchor_k``, ``s_anchor_k = Σ_j M[j, k] s_j`` (:func:`anchor_weights`;
+    K = 2: ``J_0ᵀ s_base + J_{W−1}ᵀ s_corr``). The middle steps' signals come first, under no_grad (no graph alive);
+    then the anchors forward with grad and their aggregated signals go through one backward (joint) or one each
+    (sequential). ``ablate`` keeps only the anchors' own signals (``ablate_matched``: scaled by W/K)."""
+    w = t.numel()
+    pos = anchor_positions(w, anchors)
+    weights = anchor_weights(t, pos) if mode == "jagg" else None  # (W, K)
+    own = w / len(pos) if mode == "ablate_matched" else 1.0  # ablate's anchor weight: 1, or W/K weight-matched
+    s_anchor: list[torch.Tensor | None] = [None] * len(pos)
+
+    def accumulate(j: int, s: torch.Tensor) -> None:
+        for k in range(len(pos)):
+            if weights is None:  # ablate: an anchor keeps its own signal, middle signals are discarded
+                c = own if pos[k] == j else 0.0
             else:
-                stats.reused_velocities += 1
-            accumulate(j, signal(j, v))
-            del v
+                c = float(weights[j, k])
+            if c != 0.0:
+                s_anchor[k] = c * s if s_anchor[k] is None else s_anchor[k] + c * s
 
-        if variant == "joint":
-            if velocity_batch is not None:
-                outputs = list(velocity_batch(pos))
-                stats.forward_calls += 1
-            else:
-                outputs = [velocity(j) for j in pos]
-                stats.forward_calls += len(pos)
-            stats.grad_forwards += len(pos)
-            for j, v in zip(pos, outputs):
-                accumulate(j, signal(j, v))
-            backward(outputs, [s.to(v.dtype) for s, v in zip(s_anchor, outputs)], last=True)
-            del outputs
-        else:
-            for k, j in enumerate(pos):
-                v = velocity(j)
-                stats.grad_forwards += 1
-                stats.forward_calls += 1
-                accumulate(j, signal(j, v))
-                backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
-                s_anchor[k] = None
-                del v  # the graph of this anchor is freed before the next anchor's forward
-    stats.extras = {k: sum(x) / len(x) for k, x in extras.items()}
-    return stats
+    for j in range(w):
+        if j not in pos:
+            accumulate(j, run.signal(j, _middle_velocity(run, velocity, middle_velocity, j)))
+    if variant == "joint":
+        _joint_anchors(run, velocity, velocity_batch, pos, accumulate, s_anchor)
+    else:
+        _sequential_anchors(run, velocity, pos, accumulate, s_anchor)
+
+
+def _middle_velocity(run: _GroupRun, velocity: Velocity, middle_velocity: Callable[[int], torch.Tensor | None] | None,
+                     j: int) -> torch.Tensor:
+    """v_j of a non-anchor step: the rollout's own if kept, else a forward under no_grad."""
+    v = middle_velocity(j) if middle_velocity is not None else None
+    if v is None:
+        with torch.no_grad():
+            v = velocity(j)
+        run.stats.nograd_forwards += 1
+        run.stats.forward_calls += 1
+    else:
+        run.stats.reused_velocities += 1
+    return v
+
+
+def _joint_anchors(run: _GroupRun, velocity: Velocity,
+                   velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, pos: tuple[int, ...],
+                   accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
+    """Every anchor's graph alive at once, one backward over them all (one FSDP all-gather per module)."""
+    if velocity_batch is not None:
+        outputs = list(velocity_batch(pos))
+        run.stats.forward_calls += 1
+    else:
+        outputs = [velocity(j) for j in pos]
+        run.stats.forward_calls += len(pos)
+    run.stats.grad_forwards += len(pos)
+    for j, v in zip(pos, outputs):
+        accumulate(j, run.signal(j, v))
+    run.backward(outputs, [s.to(v.dtype) for s, v in zip(s_anchor, outputs)], last=True)
+    del outputs
+
+
+def _sequential_anchors(run: _GroupRun, velocity: Velocity, pos: tuple[int, ...],
+                        accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
+    """One anchor graph alive at a time, one backward each (for memory)."""
+    for k, j in enumerate(pos):
+        v = velocity(j)
+        run.stats.grad_forwards += 1
+        run.stats.forward_calls += 1
+        accumulate(j, run.signal(j, v))
+        run.backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
+        s_anchor[k] = None
+        del v  # the graph of this anchor is freed before the next anchor's forward

@@ -5,7 +5,7 @@ One function does both so that the rollout and the update cannot drift apart (th
 re-scores it under the current velocity. Everything is computed in float32 or wider; the log-density is averaged over
 all non-batch dimensions, as both reference implementations do.
 
-Conventions (ARCHITECTURE §1): ``z`` at noise level ``σ``, velocity ``v = ε − x₀``, ``dt = σ_next − σ < 0``.
+Conventions (docs/architecture.md#conventions): ``z`` at noise level ``σ``, velocity ``v = ε − x₀``, ``dt = σ_next − σ < 0``.
 
 - ``kind="flow_grpo"``: ``s = a·sqrt(σ / (1 − σ))`` with ``a = noise_level`` (at ``σ = 1`` the denominator uses the
   next sigma, which is the schedule's second sigma at step 0, as Flow-GRPO's ``sigma_max = sigmas[1]``),

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.config import Params, ParamsError, load_params
+from jagg_core.pipeline.config import Params, ParamsError, load_params
 from jagg_core.errors import UserError
-from jagg_core.paths import Layout
+from jagg_core.pipeline.paths import Layout
 
 __all__ = [
     "ROOT",

@@ -15,8 +15,8 @@ import sys
 
 from prefect import task
 
-from jagg_core.config import Params, ParamsError
-from jagg_core.paths import Layout, parse_run_name
+from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.pipeline.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
@@ -29,7 +29,7 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
     from jagg_core.rewards import check_rewards
     from jagg_core.sampling import image_grid
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
@@ -98,7 +98,7 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
     """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
     from accelerate import PartialState
 
-    from jagg_core.build import pick_device
+    from jagg_core.pipeline.build import pick_device
     from jagg_core.evaluation.evaluate import Part, evaluate_run
 
     state = PartialState(cpu=pick_device(params).type == "cpu")

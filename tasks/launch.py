@@ -16,8 +16,8 @@ import tempfile
 from collections import deque
 from pathlib import Path
 
-from jagg_core.config import Params
-from jagg_core.paths import Layout
+from jagg_core.pipeline.config import Params
+from jagg_core.pipeline.paths import Layout
 
 __all__ = ["die_with_parent", "launch", "local_context", "read_context", "remove_stale_contexts", "user_error",
            "write_context"]

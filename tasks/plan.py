@@ -2,7 +2,7 @@
 
     jagg plan --profile flux [--set KEY=VALUE] [--utilisation 0.35] [--json]
 
-Arithmetic only (no weights, no GPU): see jagg_core/plan.py for the model and docs/scaling.md for its check against
+Arithmetic only (no weights, no GPU): see jagg_core/pipeline/plan.py for the model and docs/scaling.md for its check against
 the paper's own wall-clock figures.
 """
 
@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from jagg_core.config import ParamsError
+from jagg_core.pipeline.config import ParamsError
 
 from .common import add_common_args, cli, load, parse_overrides
 
@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="model FLOPs utilisation assumed for the times (default 0.35)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
-    from jagg_core.plan import UTILISATION, format_plan, plan
+    from jagg_core.pipeline.plan import UTILISATION, format_plan, plan
 
     util = UTILISATION if args.utilisation is None else args.utilisation
     if not 0 < util <= 1:

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from prefect import task
 
-from jagg_core.config import Params, ParamsError
-from jagg_core.paths import Layout
-from jagg_core.storage import atomic_write_text, write_prompts_jsonl
+from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.pipeline.paths import Layout
+from jagg_core.pipeline.storage import atomic_write_text, write_prompts_jsonl
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -32,7 +32,7 @@ def prepare(params: Params, lay: Layout) -> dict:
         write_prompt_splits(lay.prompts, train, test)
     else:
         from jagg_core.evaluation import load_hps_benchmark
-        from jagg_core.storage import read_prompts
+        from jagg_core.pipeline.storage import read_prompts
 
         if not params.data.train_prompts:
             raise ParamsError(

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from prefect import task
 
-from jagg_core.config import Params
-from jagg_core.paths import Layout
+from jagg_core.pipeline.config import Params
+from jagg_core.pipeline.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.storage import atomic_write_text, replace_dir
+from jagg_core.pipeline.storage import atomic_write_text, replace_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -108,7 +108,7 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
         log.info("base model %s is up to date (same pretrain and world params); kept", lay.base_model)
         return json.loads(card_path.read_text())
     from jagg_core.evaluation import load_hps_benchmark
-    from jagg_core.pretrain import pretrain_toy
+    from jagg_core.pipeline.pretrain import pretrain_toy
 
     styles = sorted(p.stem for p in lay.benchmark.glob("*.json"))
     if not styles:

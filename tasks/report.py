@@ -8,16 +8,16 @@ from typing import Iterator
 
 from prefect import task
 
-from jagg_core.config import Params
-from jagg_core.paths import Layout
+from jagg_core.pipeline.config import Params
+from jagg_core.pipeline.paths import Layout
 
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides, stage_logger
 
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
-    from jagg_core.report import build_report
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.report import build_report
+    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("report")
     summary = build_report(params, lay)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     if args.base_grid:
-        from jagg_core.report import base_model_grid
+        from jagg_core.pipeline.report import base_model_grid
 
         print(base_model_grid(layout(params), ROOT / args.base_grid))
         return 0

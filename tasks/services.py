@@ -87,7 +87,7 @@ def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict
     pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}"}
     if mlflow_port:
-        from jagg_core.tracking import resolve_uri
+        from jagg_core.pipeline.tracking import resolve_uri
 
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, pid in _pids().items():
             print(f"{name}: pid {pid} {'running' if _alive(pid) else 'stopped'}")
     else:  # ui: the MLflow UI in the foreground on the project's store
-        from jagg_core.tracking import resolve_uri
+        from jagg_core.pipeline.tracking import resolve_uri
 
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         os.execve(str(BIN / "mlflow"), [str(BIN / "mlflow"), "server", "--host", args.host, "--port",

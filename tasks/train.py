@@ -28,8 +28,8 @@ from pathlib import Path
 
 from prefect import task
 
-from jagg_core.config import Params, ParamsError
-from jagg_core.paths import Layout, run_name
+from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.pipeline.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
 from jagg_core.trainer.fingerprint import run_fingerprint
@@ -117,7 +117,7 @@ def pending_file(lay: Layout, run: str) -> Path:
 
 def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
     """Send what the run buffered during an outage of the store; if the store is still down, say what waits where."""
-    from jagg_core.tracking import TrackingError
+    from jagg_core.pipeline.tracking import TrackingError
 
     logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run))
     waiting = logger.pending()
@@ -170,7 +170,7 @@ def _failure(run: str, rc: int, tail: deque) -> TrainingError:
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
     """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
     another machine compares the params only: its local copy of the base model may differ in file times)."""
-    from jagg_core.redact import redact
+    from jagg_core.pipeline.redact import redact
     from jagg_core.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(lay.checkpoints(run))
@@ -191,7 +191,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     keeps the MLflow run; the others only take their share of the training.
     """
     from jagg_core.rewards import check_rewards
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("train")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
@@ -262,7 +262,7 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
     trainer_log.propagate = False
     monitor = None
     if mlflow_run and int(os.environ.get("RANK", "0")) == 0:  # accelerate sets RANK
-        from jagg_core.tracking import Tracker
+        from jagg_core.pipeline.tracking import Tracker
 
         tracker = Tracker(params, lay.root)
         # A store that goes down mid-run does not stop training: the logger buffers on disk and replays.

@@ -1,4 +1,5 @@
-"""JAGG group backward against slow, obviously-correct references, in float64 (ARCHITECTURE §1)."""
+"""JAGG group backward against slow, obviously-correct references, in float64 (arXiv:2607.17572, Eq. 6–7 and
+Theorem 1)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,18 @@ def jagg_reference(model, velocity, step_loss, t):
     alpha = (t[0] - t) / (t[0] - t[-1])
     j0, j1 = jacobian(model, velocity, 0), jacobian(model, velocity, w - 1)
     return sum(((1 - a) * j0 + a * j1).T @ upstream(step_loss, velocity, j) for j, a in enumerate(alpha))
+
+
+def batched_velocity(model, t, zs, calls):
+    """``velocity_batch`` for :func:`group_backward`: the steps ``js`` in one model call, each call noted in ``calls``."""
+
+    def velocity_batch(js):
+        calls.append(tuple(js))
+        b = zs[0].shape[0]
+        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
+        return list(v.split(b))
+
+    return velocity_batch
 
 
 def run(model, velocity, step_loss, t, mode, variant="joint", **kw):
@@ -432,12 +445,7 @@ def test_batched_anchor_forward_is_one_call_with_the_same_gradient():
     velocity, step_loss = ppo_problem(model, t, zs)
     g_ref, _ = run(model, velocity, step_loss, t, "jagg")
     calls = []
-
-    def velocity_batch(js):
-        calls.append(tuple(js))
-        b = zs[0].shape[0]
-        v = model(torch.cat([zs[j] for j in js]), torch.cat([t[j].expand(b) for j in js]))
-        return list(v.split(b))
+    velocity_batch = batched_velocity(model, t, zs, calls)
 
     lasts = []
     g, stats = run(model, velocity, step_loss, t, "jagg", velocity_batch=velocity_batch, before_backward=lasts.append)
@@ -447,3 +455,34 @@ def test_batched_anchor_forward_is_one_call_with_the_same_gradient():
     lasts.clear()
     run(model, velocity, step_loss, t, "exact", before_backward=lasts.append)
     assert lasts == [False] * 5 + [True]
+
+
+def test_exact_batched_is_exact_in_one_forward_call_and_one_backward(monkeypatch):
+    """exact_batched: every step of the group in ONE with-grad forward call and ONE backward, the exact gradient."""
+    model = NonlinearVelocity(seed=24)
+    t, zs = segment_group(UNEVEN_T, off_segment=0.3, seed=25)
+    velocity, step_loss = ppo_problem(model, t, zs)
+    g_exact, _ = run(model, velocity, step_loss, t, "exact")
+    assert rel_err(g_exact, exact_reference(model, velocity, step_loss, len(t))) <= 1e-12
+    calls = []
+    velocity_batch = batched_velocity(model, t, zs, calls)
+
+    n_backward = []
+    real_backward = torch.autograd.backward
+    monkeypatch.setattr(torch.autograd, "backward", lambda *a, **k: (n_backward.append(1), real_backward(*a, **k)))
+    lasts = []
+    g, stats = run(model, velocity, step_loss, t, "exact_batched", velocity_batch=velocity_batch,
+                   before_backward=lasts.append)
+    assert rel_err(g, g_exact) <= 1e-12
+    assert calls == [tuple(range(len(t)))] and len(n_backward) == 1 and lasts == [True]
+    assert (stats.mode, stats.forward_calls, stats.grad_forwards, stats.nograd_forwards, stats.backward_calls) == (
+        "exact_batched", 1, len(t), 0, 1)
+    g_unbatched, stats = run(model, velocity, step_loss, t, "exact_batched")  # no velocity_batch: W calls, 1 backward
+    assert rel_err(g_unbatched, g_exact) <= 1e-12
+    assert (stats.forward_calls, stats.backward_calls) == (len(t), 1)
+
+
+def test_plan_groups_routes_every_group_of_an_exact_mode():
+    groups = plan_groups(10, 4, 0.5, mode="exact_batched")
+    assert [(g.steps, g.mode) for g in groups] == [((0, 1, 2, 3), "exact_batched"), ((4, 5, 6, 7), "exact_batched"),
+                                                    ((8, 9), "exact_batched")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from jagg_core.config import load_params
-from jagg_core.plan import ARCHITECTURES, GPUS, forward_flops, plan
+from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, forward_flops, plan
 
 REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3")
 

@@ -381,7 +381,7 @@ def test_bad_options_are_refused(tiny_dir):
 def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
     """The trainer's update (accumulate_gradients) of every trained step under CPU bf16 autocast, at the first
     optimizer step (policy = rollout policy); returns its stats."""
-    from jagg_core.config import ResolvedMethod, SampleConfig, TrainConfig
+    from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
     from jagg_core.jagg import plan_groups
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.update import accumulate_gradients
@@ -392,7 +392,8 @@ def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
     groups = plan_groups(traj.train_steps, 4, 1.0, mode=mode)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, method,
-                                 sample=SampleConfig(num_steps=4, noise_level=0.7, group_size=2, batch_size=4),
+                                 sample=SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2,
+                                                     batch_size=4),
                                  train=TrainConfig(micro_batch=4, clip_range=1e-4), sync=NoSync(), reuse=reuse,
                                  autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     for p in policy.trainable_parameters():
@@ -405,13 +406,14 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
     step the PPO ratio is exactly 1 (approx_kl 0, clipfrac 0 at clip_range 1e-4) for exact, JAGG and JAGG-reuse,
     and the velocities the rollout kept are bit-identical to the ones the update recomputes. Without the autocast in
     the rollout the ratio is not 1 (the test can fail)."""
-    from jagg_core.config import SampleConfig
+    from jagg_core.pipeline.config import SampleConfig
     from jagg_core.trainer.rollout import rollout
     from jagg_core.trainer.update import make_step_fns
 
     policy = load(tiny_dir, "flux")
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
-    cfg = SampleConfig(num_steps=4, noise_level=0.7, group_size=2, prompts_per_iteration=2, batch_size=4)
+    cfg = SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2, prompts_per_iteration=2,
+                       batch_size=4)
     traj = rollout(policy, PROMPTS, [0, 1], cfg, seed=0, iteration=0, keep_velocities=True, autocast=bf16)
     for name, reuse in (("exact", False), ("jagg", False), ("jagg", True)):
         stats = _bf16_update(policy, traj, name, reuse)
@@ -444,9 +446,9 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     """Each real profile, its weights swapped for the tiny pipeline of its backbone (32 px, float32, CPU): the policy
     builds with the profile's own options (LoRA, fixed shift, CFG), a rollout follows its recipe and one update of
     its JAGG method runs through its routing."""
-    from jagg_core.build import policy_from_params
-    from jagg_core.config import load_params
-    from jagg_core.paths import Layout
+    from jagg_core.pipeline.build import policy_from_params
+    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.paths import Layout
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout
     from jagg_core.trainer.update import accumulate_gradients, plan_update
@@ -486,7 +488,7 @@ def test_export_full_finetune_is_a_diffusers_transformer_folder(tiny_dir, tmp_pa
     existing, non-empty destination is refused and left as it was."""
     from diffusers import FluxTransformer2DModel
 
-    from jagg_core.export import ExportError, export_transformer
+    from jagg_core.pipeline.export import ExportError, export_transformer
 
     policy = load(tiny_dir, "flux")
     _perturb(policy.trainable_parameters(), 0.01)
@@ -506,7 +508,7 @@ def test_export_lora_loads_with_load_lora_weights(tiny_dir, tmp_path):
     policy's velocities (alpha / rank scaling included)."""
     from diffusers import FluxPipeline
 
-    from jagg_core.export import export_transformer
+    from jagg_core.pipeline.export import export_transformer
 
     policy = load(tiny_dir, "flux", lora=LORA)
     _perturb(policy.trainable_parameters(), 0.1)  # B ≠ 0: the adapters change the output

@@ -15,8 +15,8 @@ import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
 from tasks.common import free_port
-from jagg_core.config import load_params
-from jagg_core.paths import Layout
+from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.paths import Layout
 from jagg_core.trainer import CheckpointError, TrainingError, latest_checkpoint, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors, save_checkpoint
 
@@ -168,7 +168,7 @@ def test_an_unreachable_tracking_store_fails_before_training(ci_project):
 
 
 def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci_project, monkeypatch):
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.tracking import Tracker
 
     params = ci(ci_project, **{"train.iterations": 2, "tracking.retries": 3})
     tracker = Tracker(params, ci_project)
@@ -225,7 +225,7 @@ class _MlflowServer:
 def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everything(ci_project, caplog):
     """A real MLflow server stops after iteration 2 and comes back at iteration 5: training never stops, what it
     logged meanwhile (metrics and images) is buffered on disk and replayed, in order, to the same run."""
-    from jagg_core.tracking import MlflowLogger, Tracker
+    from jagg_core.pipeline.tracking import MlflowLogger, Tracker
 
     server = _MlflowServer(ci_project)
     server.start()
@@ -252,7 +252,7 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
             def log_image(self, image, key, step):
                 logger.log_image(image, key, step)
 
-        with caplog.at_level("WARNING", logger="jagg_core.tracking"):
+        with caplog.at_level("WARNING", logger="jagg_core.pipeline.tracking"):
             result = train(params, "jagg", 0, root=ci_project, progress=False, logger=Outage())
         assert result.iterations == 6 and seen["buffered"] >= 2  # trained to the end; iterations 3-4 were buffered
         assert logger.pending() == 0 and not buffer.exists()  # all replayed
@@ -269,8 +269,8 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
 
 def _log_many(args):
     uri, root, k = args
-    from jagg_core.config import load_params as lp
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.config import load_params as lp
+    from jagg_core.pipeline.tracking import Tracker
 
     params = lp(Path(root) / "params.yaml", "ci", {"tracking.mlflow_uri": uri, "tracking.retries": 10})
     tr = Tracker(params, root)
@@ -284,7 +284,7 @@ def _log_many(args):
 def test_several_processes_write_one_sqlite_store_without_losing_metrics(ci_project):
     import multiprocessing as mp
 
-    from jagg_core.tracking import Tracker
+    from jagg_core.pipeline.tracking import Tracker
 
     uri = f"sqlite:///{ci_project / 'mlflow.db'}"
     params = ci(ci_project, **{"tracking.mlflow_uri": uri})
@@ -410,7 +410,7 @@ def test_weights_are_loaded_only_with_safetensors_or_weights_only():
 
 
 def test_secrets_are_redacted_by_key_and_by_value_everywhere():
-    from jagg_core.tracking import param_strings
+    from jagg_core.pipeline.tracking import param_strings
 
     tree = {"reward": {"options": {"hpsv2.1": {"api_token": "hf_abcdef12", "checkpoint": "x.pt",
                                                "mirror": "https://h/?t=hf_abcdef12"}}},

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jagg_core.report import build_report, paired_interval
+from jagg_core.pipeline.report import build_report, paired_interval
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,8 @@ def _write_eval(root: Path, run: str, value: float) -> None:
 
 
 def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
-    from jagg_core.config import load_params
-    from jagg_core.paths import Layout
+    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.paths import Layout
 
     params = load_params(REPO / "params.yaml", "toy", {
         "profile": "rep", "run.methods": ["baseline", "jagg", "ablate"], "run.seeds": [0, 1, 2],
@@ -92,7 +92,7 @@ def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_on
 
 def test_iteration_breakdown_by_hand(tmp_path):
     """Each phase's mean over the iterations after the warm-up (absent = 0), "other" the rest, overhead's share."""
-    from jagg_core.report import _Run, iteration_breakdown
+    from jagg_core.pipeline.report import _Run, iteration_breakdown
 
     cols = ["iteration", "time/rollout", "time/reward", "time/update", "time/backward", "time/sync", "time/optimizer",
             "time/fidelity", "time/logging", "time/checkpoint", "time/iteration"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from jagg_core.bench.smoke import clip_tokenizer, t5_tokenizer  # noqa: F401  (the smoke test's tiny Flux uses them too)
+from tasks.gpu_smoke import clip_tokenizer, t5_tokenizer  # noqa: F401  (the smoke test's tiny Flux uses them too)
 
 LETTERS = string.ascii_lowercase
 IMAGE_SIZE = 32  # pixels; every tiny VAE maps it to a small latent

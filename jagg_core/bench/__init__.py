@@ -5,10 +5,11 @@
 - :mod:`.timing`: interleaved timing, the cost model's ideal from measured costs, gradient fidelity per K.
 - :mod:`.memory`: peak memory per variant, one process each.
 - :mod:`.comm`: all-reduces (``AllReduceSync``) and FSDP2 all-gathers in backward, with 2 gloo processes.
-- :mod:`.run`: one model's whole run as a JSON dict; :mod:`.markdown`: ``docs/benchmarks.md``.
+- :mod:`.run`: one model's whole run as a JSON dict.
+
+``tasks/bench.py`` is the command; ``tasks/bench_docs.py`` writes docs/benchmarks.md from its results.
 """
 
-from .markdown import read_main_job, render_markdown, write_markdown
 from .models import (BENCH_METHODS, BUILTIN_MODELS, BenchError, ModelSpec, bench_method, build_policy, make_experience,
                      model_spec, profile_spec)
 from .run import BenchConfig, machine_info, run_bench, save_result
@@ -25,9 +26,6 @@ __all__ = [
     "make_experience",
     "model_spec",
     "profile_spec",
-    "read_main_job",
-    "render_markdown",
     "run_bench",
     "save_result",
-    "write_markdown",
 ]

@@ -3,7 +3,7 @@
 A *cell* is one (variant, W, jagg_frac). Each repetition runs every cell once in a shuffled order (fixed seed), plus
 one measurement of the policy's primitive costs at the micro-batch size (no-grad forward f0, with-grad forward f,
 backward b), so slow drifts of a shared machine hit every cell alike. The ideal speedup of a cell is the cost model of
-ARCHITECTURE §1 evaluated with the measured f0, f, b: exact costs ``W·(f + b)`` per group, K-anchor JAGG
+``jagg_core/cost.py`` evaluated with the measured f0, f, b: exact costs ``W·(f + b)`` per group, K-anchor JAGG
 ``(W − K)·f0 + K·(f + b)`` (the paper's JAGG: K = 2; the joint backward over two graphs ≈ 2 b), with reuse
 ``K·(f + b)``. The textbook figure is the same model with f0 = f = 1, b = 2: 3W/(W + 4), or W/2 with reuse.
 """
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..config import ResolvedMethod
+from ..pipeline.config import ResolvedMethod
 from ..jagg import Group
 from ..cost import group_forwards, update_cost
 from ..policies.base import Policy

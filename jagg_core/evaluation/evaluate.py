@@ -24,16 +24,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..build import pick_device, policy_from_params
-from ..config import Params
+from ..pipeline.build import pick_device, policy_from_params
+from ..pipeline.config import Params
 from ..errors import UserError
-from ..paths import Layout
+from ..pipeline.paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
-from ..metric_logger import MetricLogger, NullLogger
+from ..pipeline.metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed
-from ..storage import atomic_write_bytes, atomic_write_text, base_model_digest
+from ..pipeline.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 

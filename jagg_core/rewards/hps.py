@@ -2,7 +2,7 @@
 
 HPSv2.1 is open_clip's ViT-H-14 fine-tuned on human preferences; its checkpoint ``HPS_v2.1_compressed.pt`` (HF repo
 ``xswu/HPSv2``) holds ``{'state_dict': ...}`` with exactly open_clip ViT-H-14's keys, so the model is built here with
-``open_clip_torch`` directly (the ``hpsv2`` package is not a usable dependency, see ENVIRONMENT.md).
+``open_clip_torch`` directly (the ``hpsv2`` package is not a usable dependency, see docs/architecture.md#environment).
 
 The score is hpsv2's: the cosine of the L2-normalised image and text features,
 ``hps = <f_img / |f_img|, f_txt / |f_txt|>`` (no logit scale), ~0.25-0.37 on real images -- the raw scale GRPO

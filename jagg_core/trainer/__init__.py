@@ -1,23 +1,19 @@
-"""The GRPO trainer: rollouts, rewards, the exact / JAGG / ablate update, checkpoints, logging."""
+"""The GRPO trainer: rollouts, rewards, the update in any backward mode of ``jagg_core.modes``, checkpoints, the TSV
+curve."""
 
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
-from .logging import MetricLogger, MultiLogger, NullLogger, TsvCurve
-from ..storage import read_prompts
+from .curve import TsvCurve
 from .loop import TrainingError, TrainResult, train
 from .rollout import Trajectory, rollout
 
 __all__ = [
     "CheckpointError",
-    "MetricLogger",
-    "MultiLogger",
-    "NullLogger",
     "TrainResult",
     "Trajectory",
     "TrainingError",
     "TsvCurve",
     "latest_checkpoint",
     "list_checkpoints",
-    "read_prompts",
     "rollout",
     "save_checkpoint",
     "train",

@@ -34,8 +34,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import UserError
-from ..faults import fault
-from ..storage import atomic_write_text, replace_dir
+from ..pipeline.faults import fault
+from ..pipeline.storage import atomic_write_text, replace_dir
 from .distributed import gather_objects
 
 __all__ = [

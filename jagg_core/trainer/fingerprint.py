@@ -11,9 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..config import Params
-from ..paths import Layout
-from ..storage import base_model_digest
+from ..pipeline.config import Params
+from ..pipeline.paths import Layout
+from ..pipeline.storage import base_model_digest
 
 __all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 

@@ -21,21 +21,22 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import mixed_advantages
-from ..build import pick_device, policy_from_params, reward_from_params
-from ..config import Params, ResolvedMethod
+from ..pipeline.build import pick_device, policy_from_params, reward_from_params
+from ..pipeline.config import Params, ResolvedMethod
 from ..errors import UserError
-from ..faults import fault
-from ..metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..paths import Layout, run_name
-from ..redact import flatten, redact
+from ..pipeline.faults import fault
+from ..pipeline.metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..modes import EXACT_MODES
+from ..pipeline.paths import Layout, run_name
+from ..pipeline.redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
-from ..storage import FolderLock, atomic_write_text, read_prompts
+from ..pipeline.storage import FolderLock, atomic_write_text, read_prompts
 from .checkpoint import (CheckpointError, latest_checkpoint_together, list_checkpoints, load_sharded_state,
                          recover_leftovers, save_checkpoint, save_sharded_checkpoint)
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
-from .logging import TsvCurve
+from .curve import TsvCurve
 from .rollout import Trajectory, rollout
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
@@ -341,7 +342,7 @@ def _rollout(r: _Run, it: int, step: int, metrics: dict[str, float]) -> Trajecto
     fault("rollout", step)
     t0 = time.perf_counter()
     traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
-                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode != "exact",
+                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
                    policy_version=r.policy_version, autocast=r.autocast)
     metrics["time/rollout"] = time.perf_counter() - t0
     metrics["sample/window_start"] = traj.train_steps[0]

@@ -1,6 +1,6 @@
 """Rollouts: G images per prompt sampled with the SDE, stored compactly with their log-probs.
 
-Two recipes (``sample.recipe``):
+Three recipes (``sample.recipe``):
 - ``dance_grpo``: SDE on every step, every step trainable (DanceGRPO); the update may train a random subset of
   whole groups (``timestep_fraction``).
 - ``flow_grpo_fast``: SDE inside a window of ``sde_window_size`` steps whose start is drawn from
@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..config import SampleConfig
+from ..pipeline.config import SampleConfig
 from ..policies.base import Policy, PromptEmbeds
 from ..sampling import denoise, derive_seed, seeded_generators
 

@@ -1,7 +1,7 @@
 """The update stage: the method's backward over stored experience, then one optimizer step (per chunk).
 
-``plan_groups`` cuts the trained steps into groups of W and routes them (exact / jagg / ablate); for each micro-batch
-of images, :func:`jagg_core.group_backward` accumulates each group's gradient. Per-step losses are scaled so that the
+``plan_groups`` cuts the trained steps into groups of W and routes them (a mode of ``jagg_core.modes.MODES``); for
+each micro-batch of images, :func:`jagg_core.group_backward` accumulates each group's gradient. Per-step losses are scaled so that the
 accumulated gradient is that of ``mean_images mean_steps L_j`` over the chunk, whatever the method, micro-batching or
 number of processes. The trainer differs between methods only in the ``mode`` handed to ``group_backward``.
 """
@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from ..config import ResolvedMethod, SampleConfig, TrainConfig
+from ..pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
 from ..jagg import Group, group_backward, plan_groups
 from ..loss import ppo_step_loss
@@ -157,7 +157,7 @@ def accumulate_gradients(
                 fns.velocity, fns.step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
                 anchors=method.anchors,
                 middle_velocity=fns.middle_velocity if reuse else None,
-                velocity_batch=fns.velocity_batch if method.variant == "joint" else None,
+                velocity_batch=fns.velocity_batch if method.variant == "joint" or g.mode == "exact_batched" else None,
                 before_backward=sync.before_backward,
             )
             stats.add(gs)

@@ -1,7 +1,7 @@
-"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.metric_logger`).
+"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.pipeline.metric_logger`).
 
 The trainer emits namespaced metrics (``reward/…``, ``train/…``, ``time/…``, ``jagg/…``) per iteration through a
-:class:`MetricLogger`; the pipeline binds it to MLflow, and :class:`TsvCurve` always writes ``curve.tsv`` (one row per
+``MetricLogger``; the pipeline binds it to MLflow, and :class:`TsvCurve` always writes ``curve.tsv`` (one row per
 iteration, one column per metric) for DVC plots and the report.
 """
 
@@ -14,10 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..storage import atomic_write_text
+from ..pipeline.storage import atomic_write_text
 
-__all__ = ["MetricLogger", "NullLogger", "MultiLogger", "TsvCurve"]
+__all__ = ["TsvCurve"]
 
 
 class TsvCurve:

@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import UserError
+from ..errors import UserError
+from ..modes import MODES, VARIANTS
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -104,8 +105,8 @@ class ModelConfig(_Section):
 class WorldConfig(_Section):
     """The embedded default's procedural world (toy-flux only)."""
 
-    image_size: int = Field(32, ge=16, le=128, description="image side in pixels (a multiple of the patch size)")
-    n_train: int = Field(2000, ge=1, description="training prompts")
+    image_size: int = Field(24, ge=16, le=128, description="image side in pixels (a multiple of the patch size)")
+    n_train: int = Field(32, ge=1, description="training prompts")
     n_test_per_style: int = Field(32, ge=1, description="test prompts per style (4 styles)")
     seed: int = Field(0, description="seed of the prompt splits")
 
@@ -119,22 +120,22 @@ class DataConfig(_Section):
 class PretrainConfig(_Section):
     """Flow-matching pretraining of the toy-flux base model."""
 
-    steps: int = Field(1500, ge=1, description="optimizer steps")
+    steps: int = Field(4000, ge=1, description="optimizer steps")
     batch_size: int = Field(64, ge=1, description="images per step")
-    lr: float = Field(1e-3, gt=0, description="peak AdamW learning rate (cosine decay, linear warmup)")
+    lr: float = Field(2e-3, gt=0, description="peak AdamW learning rate (cosine decay, linear warmup)")
     warmup: int = Field(100, ge=0, description="warmup steps")
-    caption_noise: float = Field(0.3, ge=0, le=1, description="probability that a caption is imperfect")
+    caption_noise: float = Field(0.15, ge=0, le=1, description="probability that a caption is imperfect")
     seed: int = Field(0, description="seed")
     logit_mean: float = Field(0.0, description="sigma ~ sigmoid(N(logit_mean, logit_std)); > 0 favours high noise")
     logit_std: float = Field(1.0, gt=0, description="spread of the logit-normal sigma sampling")
-    patch_size: int = Field(4, ge=1, description="pixels per token side (packed-pixel tokens)")
+    patch_size: int = Field(8, ge=1, description="pixels per token side (packed-pixel tokens)")
     num_layers: int = Field(2, ge=1, description="double-stream Flux blocks")
-    num_single_layers: int = Field(4, ge=0, description="single-stream Flux blocks")
+    num_single_layers: int = Field(2, ge=0, description="single-stream Flux blocks")
     num_attention_heads: int = Field(4, ge=1, description="attention heads")
-    attention_head_dim: int = Field(32, ge=8, description="head dim (multiple of 8, for 3-axis RoPE)")
+    attention_head_dim: int = Field(16, ge=8, description="head dim (multiple of 8, for 3-axis RoPE)")
     text_hidden_size: int = Field(64, ge=8, description="text encoder width")
     text_layers: int = Field(2, ge=1, description="text encoder layers")
-    max_text_length: int = Field(24, ge=4, description="tokens per prompt")
+    max_text_length: int = Field(32, ge=4, description="tokens per prompt")
     prediction: Literal["x0", "velocity"] = Field("x0", description="what the transformer outputs (x0: v = (z - x0)/sigma)")
     caption_dropout: float = Field(0.1, ge=0, lt=1, description="share of empty captions (the unconditional model)")
     guidance_scale: float = Field(3.0, ge=1, description="classifier-free guidance of the saved model (1 = off)")
@@ -145,21 +146,21 @@ class SampleConfig(_Section):
     noise_level: float = Field(0.7, ge=0, description="SDE noise: Flow-GRPO's a or DanceGRPO's eta")
     sde_kind: Literal["flow_grpo", "dance_grpo"] = Field("flow_grpo", description="SDE form")
     recipe: Literal["dance_grpo", "flow_grpo_fast", "mix_grpo"] = Field(
-        "dance_grpo", description="dance_grpo: SDE on all steps; flow_grpo_fast: SDE in a window drawn per rollout, "
-        "ODE elsewhere; mix_grpo: SDE in a window that slides along the trajectory over training, ODE elsewhere"
+        "flow_grpo_fast", description="dance_grpo: SDE on all steps; flow_grpo_fast: SDE in a window drawn per "
+        "rollout, ODE elsewhere; mix_grpo: SDE in a window that slides along the trajectory over training, ODE elsewhere"
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
-    sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
-    sde_window_range: tuple[int, int] = Field((0, 4), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+    sde_window_size: int = Field(8, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
+    sde_window_range: tuple[int, int] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")
     window_stride: int = Field(1, ge=1, description="mix_grpo: steps the window moves each time; past the range's "
                                "end it rolls back to its start")
-    group_size: int = Field(8, ge=2, description="G: images per prompt")
+    group_size: int = Field(16, ge=2, description="G: images per prompt")
     prompts_per_iteration: int = Field(4, ge=1, description="prompts per iteration, over all processes")
     shared_noise: bool = Field(True, description="the G images of a prompt start from the same noise")
-    batch_size: int = Field(16, ge=1, description="rollout micro-batch per process")
+    batch_size: int = Field(64, ge=1, description="rollout micro-batch per process")
 
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
@@ -173,7 +174,7 @@ class SampleConfig(_Section):
 
 
 class TrainConfig(_Section):
-    iterations: int = Field(30, ge=1, description="GRPO iterations (rollout + update)")
+    iterations: int = Field(32, ge=1, description="GRPO iterations (rollout + update)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
@@ -182,19 +183,19 @@ class TrainConfig(_Section):
     clip_range: float = Field(1e-3, gt=0, description="PPO clip range epsilon_c")
     adv_clip: float = Field(5.0, gt=0, description="advantages clipped to +-adv_clip")
     adv_eps: float = Field(1e-4, ge=0, description="added to the group std")
-    global_std: bool = Field(False, description="normalise advantages by the batch std instead of the group's")
+    global_std: bool = Field(True, description="normalise advantages by the batch std instead of the group's")
     beta: float = Field(0.0, ge=0, description="KL coefficient (needs LoRA or a reference copy)")
     inner_epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     optimizer_steps_per_epoch: int = Field(1, ge=1, description="optimizer steps per pass (batch split evenly)")
-    micro_batch: int = Field(16, ge=1, description="images per forward in the update, per process")
+    micro_batch: int = Field(64, ge=1, description="images per forward in the update, per process")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="EMA of the trained weights; 0 disables")
-    checkpoint_every: int = Field(10, ge=1, description="iterations between checkpoints (and one at the end)")
-    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept")
-    fidelity_every: int = Field(0, ge=0, description="log cos(jagg, exact) per group every N iterations; 0 = off")
-    fidelity_batch: int = Field(8, ge=1, description="images of the rollout the fidelity monitor differentiates "
+    checkpoint_every: int = Field(8, ge=1, description="iterations between checkpoints (and one at the end)")
+    keep_checkpoints: int = Field(4, ge=1, description="checkpoints kept")
+    fidelity_every: int = Field(8, ge=0, description="log cos(jagg, exact) per group every N iterations; 0 = off")
+    fidelity_batch: int = Field(4, ge=1, description="images of the rollout the fidelity monitor differentiates "
                                 "(3 gradients per group: keep it small, it is a monitor)")
     max_consecutive_skips: int = Field(3, ge=1, description="non-finite updates skipped in a row before stopping")
-    log_images_every: int = Field(10, ge=0, description="iterations between sample images logged; 0 = off")
+    log_images_every: int = Field(8, ge=0, description="iterations between sample images logged; 0 = off")
 
     @field_validator("adam_betas")
     @classmethod
@@ -209,12 +210,12 @@ class JaggConfig(_Section):
     jagg_frac: JaggFrac = Field(
         0.6, description="fraction of groups (high-noise first) using JAGG, or 'auto' (from gradient fidelity)"
     )
-    variant: Literal["joint", "sequential"] = Field("joint", description="one joint backward or one per anchor")
+    variant: Literal[VARIANTS] = Field("joint", description="one joint backward or one per anchor")
     anchors: int = Field(2, ge=2, description="K anchors per group (2 = the paper's JAGG, W = exact)")
     auto_threshold: float = Field(0.5, ge=-1, le=1, description="jagg_frac 'auto': cosine threshold")
     auto_every: int = Field(0, ge=0, description="jagg_frac 'auto': re-estimate every N iterations; 0 = at start")
     reuse_rollout_velocity: bool = Field(
-        True, description="take middle-step velocities from the rollout while the policy is unchanged"
+        False, description="take middle-step velocities from the rollout while the policy is unchanged"
     )
 
     @model_validator(mode="after")
@@ -227,12 +228,13 @@ class JaggConfig(_Section):
 class MethodConfig(_Section):
     """A training method: the backward mode plus optional overrides of the jagg section."""
 
-    mode: Literal["exact", "jagg", "ablate", "ablate_matched"] = Field(
-        ..., description="backward mode (ablate_matched: the ablation with its anchors weighted W/K)"
+    mode: Literal[MODES] = Field(
+        ..., description="backward mode, one of jagg_core.modes.MODES (ablate_matched: the ablation with its anchors "
+                         "weighted W/K; exact_batched: exact in one forward call and one backward per group)"
     )
     window: int | None = Field(None, ge=2, description="override jagg.window")
     jagg_frac: JaggFrac = Field(None, description="override jagg.jagg_frac")
-    variant: Literal["joint", "sequential"] | None = Field(None, description="override jagg.variant")
+    variant: Literal[VARIANTS] | None = Field(None, description="override jagg.variant")
     anchors: int | None = Field(None, ge=2, description="override jagg.anchors")
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
 
@@ -254,11 +256,12 @@ class RunConfig(_Section):
 
 class RewardConfig(_Section):
     weights: dict[str, float] = Field(
-        default_factory=lambda: {"toy_fidelity": 1.0}, description="reward name -> weight of the training reward"
+        default_factory=lambda: {"toy_preference": 1.0, "toy_fidelity": 1.0},
+        description="reward name -> weight of the training reward"
     )
     options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="reward name -> factory options")
     normalize: Literal["sum", "per_reward"] = Field(
-        "sum",
+        "per_reward",
         description="sum: the weighted sum of the rewards is group-normalised (Flow-GRPO's multi-reward); per_reward: "
         "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
         "is not drowned by one with a large spread",
@@ -285,12 +288,13 @@ class EvalConfig(_Section):
     benchmark: str | None = Field(
         None, description="folder with benchmark/<style>.json (HPDv2 for real profiles; default: the toy test split)"
     )
-    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity"], description="metrics scored")
+    metrics: list[str] = Field(default_factory=lambda: ["toy_preference", "toy_fidelity"],
+                               description="metrics scored")
     subset: int | None = Field(None, ge=1, description="first N prompts per style")
     num_steps: int = Field(12, ge=1, description="ODE sampling steps")
     seed: int = Field(0, description="base seed; prompt i of a style uses seed + i")
-    batch_size: int = Field(32, ge=1, description="images per sampling batch")
-    block_size: int = Field(80, ge=1, description="HPSv2 protocol block size")
+    batch_size: int = Field(64, ge=1, description="images per sampling batch")
+    block_size: int = Field(16, ge=1, description="HPSv2 protocol block size")
     num_images_logged: int = Field(8, ge=0, description="test images logged to MLflow per checkpoint")
 
     @field_validator("metrics")
@@ -409,7 +413,7 @@ class Params(_Section):
 
 class ResolvedMethod(JaggConfig):
     name: str
-    mode: Literal["exact", "jagg", "ablate", "ablate_matched"]
+    mode: Literal[MODES]
 
 
 # Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.

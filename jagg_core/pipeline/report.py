@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .config import Params
-from .cost import ideal_speedup
+from ..cost import ideal_speedup
 from .paths import Layout, run_name
 from .storage import atomic_write_bytes, atomic_write_text
 
@@ -298,8 +298,8 @@ def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_styl
     """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step."""
     import torch
 
-    from .evaluation.benchmark import image_path, load_image
-    from .sampling import image_grid
+    from ..evaluation.benchmark import image_path, load_image
+    from ..sampling import image_grid
 
     columns: list[tuple[str, Path]] = []
     base = lay.eval_dir("base") / "metrics.json"
@@ -330,8 +330,8 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     """The evaluated base model's first test images of each style, captioned with prompt and ``metric`` (a PNG)."""
     import torch
 
-    from .evaluation.benchmark import image_path, load_image
-    from .sampling import image_grid
+    from ..evaluation.benchmark import image_path, load_image
+    from ..sampling import image_grid
 
     card = lay.eval_dir("base") / "metrics.json"
     if not card.exists():

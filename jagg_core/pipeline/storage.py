@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = [
     "FolderLock",

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from ..report import markdown_table
+from jagg_core.pipeline.report import markdown_table
 
 __all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
            "write_markdown"]
@@ -138,7 +138,7 @@ def _plot_iteration(r: dict, path: Path) -> bool:
     it = r.get("iteration")
     if not it:
         return False
-    from ..report import plot_stacked_bars
+    from jagg_core.pipeline.report import plot_stacked_bars
 
     rows = it["breakdown"]
     return plot_stacked_bars([b["key"] for b in rows], [b["phases"] for b in rows], ITERATION_PHASES, path,
@@ -228,7 +228,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
         "through the trainer's own `plan_groups` → `accumulate_gradients` → `group_backward`. Each timed round "
         "(after one warm-up) runs every variant once in a shuffled order; times are "
         "medians over rounds with their interquartile range and min–max; speedup = median exact / median variant, "
-        "from the same run. *Ideal* is the cost model (ARCHITECTURE §1) with the policy's measured no-grad forward "
+        "from the same run. *Ideal* is the cost model (jagg_core/cost.py) with the policy's measured no-grad forward "
         "f0, with-grad forward f and backward b: exact W·(f + b) per group, K-anchor JAGG (W − K)·f0 + K·(f + b) "
         "(the paper's JAGG: K = 2), with rollout-velocity reuse K·(f + b). *Textbook* is the same model with "
         "f0 = f = 1, b = 2: 3W/(W + 4) per JAGG group, W/2 with reuse. Groups not routed to JAGG "
@@ -274,7 +274,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
     else:
         names = tuple(r["model"]["name"] for r in results)
         cmd += ("\n# then render the JSON results into one page:\npython -c \"import glob, json; "
-                "from jagg_core.bench import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
+                "from tasks.bench_docs import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
                 f"f'bench/*-{{m}}.json'))[-1])) for m in {names!r}], 'docs/benchmarks.md')\"")
     lines += ["## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
@@ -309,7 +309,7 @@ def smoke_section(result: dict | None = None) -> list[str]:
     if result is None:
         lines += ["**Not yet run on a GPU** (no GPU was available when it was written): no figures yet."]
     else:
-        from .smoke import render_table
+        from .gpu_smoke import render_table
 
         lines += [f"Measured on {result['created'][:10]} by `scripts/gpu_smoke.sh` (torch "
                   f"{result['machine'].get('torch', '?')}, diffusers {result['machine'].get('diffusers', '?')}):", "",
@@ -332,7 +332,7 @@ def _smoke_block(text: str) -> str | None:
 
 def read_main_job(report_dir: str | Path) -> dict:
     """The iteration breakdown of a finished `jagg run` (its report's summary.json); one sentence if there is none."""
-    from .models import BenchError
+    from jagg_core.bench.models import BenchError
 
     path = Path(report_dir) / "summary.json"
     try:
@@ -348,7 +348,7 @@ def read_main_job(report_dir: str | Path) -> dict:
 
 
 def _main_job(job: dict, figure: str) -> list[str]:
-    from ..report import breakdown_rows
+    from jagg_core.pipeline.report import breakdown_rows
 
     worst = max(b["overhead_share"] for b in job["breakdown"])
     return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
@@ -366,7 +366,7 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     existing page (its GPU figures) is kept."""
     import shutil
 
-    from ..storage import atomic_write_text
+    from jagg_core.pipeline.storage import atomic_write_text
 
     path = Path(path)
     figures = {}

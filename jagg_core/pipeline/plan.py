@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Params, ResolvedMethod
-from .cost import group_forwards
+from ..cost import group_forwards
 
 __all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
            "implied_utilisation", "plan"]
@@ -87,8 +87,8 @@ def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
     """Per image and iteration, the expected with-grad and no-grad forwards of the update (in steps; a backward per
     with-grad forward), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole
     groups."""
-    from .jagg import plan_groups
-    from .trainer.loop import AUTO_FALLBACK_JAGG_FRAC
+    from ..jagg import plan_groups
+    from ..trainer.loop import AUTO_FALLBACK_JAGG_FRAC
 
     sample = params.sample
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
@@ -149,7 +149,8 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         m = params.method(name)
         units = _update_units(params, m)
         update = images * (units["grad"] * (f + b) + units["nograd"] * f)
-        graphs = 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window)
+        graphs = (m.window if m.mode == "exact_batched"  # every step's graph alive at once
+                  else 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window))
         row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
                "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ["ExportError", "PIPELINES", "export_transformer"]
 

@@ -22,7 +22,7 @@ def pick_device(params: Params) -> torch.device:
 
 def policy_from_params(params: Params, layout: Layout, device: torch.device):
     """The policy of ``params.model`` (the toy base model defaults to the pretrain stage's output)."""
-    from .policies import load_policy
+    from ..policies import load_policy
 
     options = dict(params.model.options)
     lora = params.model.lora
@@ -35,6 +35,6 @@ def policy_from_params(params: Params, layout: Layout, device: torch.device):
 
 def reward_from_params(params: Params):
     """The weighted training reward of ``params.reward``."""
-    from .rewards import make_weighted_reward
+    from ..rewards import make_weighted_reward
 
     return make_weighted_reward(params.reward.weights, params.reward.options)

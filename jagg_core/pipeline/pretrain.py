@@ -23,8 +23,8 @@ import torch
 
 from .config import Params
 from .storage import replace_dir
-from .policies.toy_flux import ToyFluxPolicy, build_toy_flux, save_toy_flux
-from .world import sample_training_pair, vocabulary
+from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux, save_toy_flux
+from ..world import sample_training_pair, vocabulary
 
 __all__ = ["pretrain_toy"]
 
@@ -147,7 +147,7 @@ def pretrain_toy(
 
 
 def _embeds(enc):
-    from .policies.base import PromptEmbeds
+    from ..policies.base import PromptEmbeds
 
     return PromptEmbeds({"prompt_embeds": enc.last_hidden_state, "pooled": enc.pooler_output})
 

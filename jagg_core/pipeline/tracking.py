@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from .config import Params
 from .redact import flatten, redact
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -45,7 +45,8 @@ def git_commit(root: str | os.PathLike) -> str:
 
 
 def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
-    """Params as MLflow's flat strings, every secret redacted (by key and by value, see :mod:`jagg_core.redact`)."""
+    """Params as MLflow's flat strings, every secret redacted (by key and by value, see
+    :mod:`jagg_core.pipeline.redact`)."""
     return {k: str(v)[:6000] for k, v in flatten(redact(dict(tree))).items()}
 
 
@@ -227,7 +228,8 @@ class _SystemMetrics:
 
 
 class MlflowLogger:
-    """A :class:`~jagg_core.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow run.
+    """A :class:`~jagg_core.pipeline.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow
+    run.
 
     With a ``buffer`` file, a store that stays unreachable after the retries does not stop training: what would have
     been logged is appended to the buffer (images beside it), training goes on, and the buffer is replayed, in

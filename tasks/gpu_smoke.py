@@ -37,8 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..config import Params, load_params
-from .models import LARGE_GEOMETRY, BenchError
+from jagg_core.pipeline.config import Params, load_params
+from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
 __all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "render_table",
            "run_smoke", "smoke_params", "write_result"]
@@ -276,7 +276,7 @@ def _free_cuda() -> None:
 
 def _method_row(params: Params, name: str, history: list[dict[str, float]], peak_mb: float | None,
                 wall_s: float) -> dict:
-    from ..report import cost_model_speedup
+    from jagg_core.pipeline.report import cost_model_speedup
 
     first = history[0]
     timed = history[1:]  # the first iteration is warm-up (allocator, kernels, caches)
@@ -308,10 +308,10 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     Run it in a process of its own (`jagg smoke` is one): the trainer's ``Accelerator`` sets accelerate's
     process-wide state to bf16 mixed precision, and a later ``Accelerator`` with other settings in the same process
     would be refused."""
-    from ..build import pick_device
-    from ..storage import atomic_write_text
-    from ..trainer import train
-    from .run import machine_info
+    from jagg_core.pipeline.build import pick_device
+    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.trainer import train
+    from jagg_core.bench.run import machine_info
 
     cfg.validate()
     say = progress or (lambda _msg: None)
@@ -391,7 +391,7 @@ def _trainable_count(checkpoint: Path | None) -> int | None:
     """Trained parameters, counted from the run's last checkpoint (the policy is gone by then)."""
     if checkpoint is None:
         return None
-    from ..trainer.checkpoint import Checkpoint
+    from jagg_core.trainer.checkpoint import Checkpoint
 
     return int(sum(t.numel() for t in Checkpoint(checkpoint, 0).tensors().values()))
 
@@ -424,7 +424,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 def render_table(result: Mapping[str, Any]) -> str:
     """The result as markdown: a settings line, the per-method table, and the verdict."""
-    from ..report import markdown_table
+    from jagg_core.pipeline.report import markdown_table
 
     c, m, rec = result["config"], result["model"], result["recipe"]
     gpu = f" ({result['machine']['gpu']})" if "gpu" in result["machine"] else ""
@@ -462,7 +462,7 @@ def render_table(result: Mapping[str, Any]) -> str:
 
 def write_result(result: Mapping[str, Any], path: str | Path) -> Path:
     """The result as JSON, written atomically."""
-    from ..storage import atomic_write_text
+    from jagg_core.pipeline.storage import atomic_write_text
 
     def clean(x: Any) -> Any:  # NaN (no value) as null: strict JSON
         if isinstance(x, float) and math.isnan(x):
