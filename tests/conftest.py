@@ -33,6 +33,17 @@ def ci_base(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def toy_base(tmp_path_factory) -> Path:
+    """A project root with the toy profile's prompts and the shipped base model (a verified copy, no training)."""
+    root = tmp_path_factory.mktemp("toy_base")
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    for stage in ("tasks.prepare", "tasks.pretrain"):
+        out = run_module(stage, "--profile", "toy", root=root)
+        assert out.returncode == 0, out.stderr[-2000:]
+    return root
+
+
 @pytest.fixture
 def ci_project(ci_base, tmp_path) -> Path:
     """A fresh copy of :func:`ci_base` that a test may train in."""
