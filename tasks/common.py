@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.config import Params, ParamsError, load_params
+from jagg_core.config import Params, ParamsError, load_params, parse_yaml
 from jagg_core.errors import UserError
 from jagg_core.paths import Layout
 
@@ -122,14 +122,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    import yaml
-
+    """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
+    sentence, see :func:`jagg_core.config.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ParamsError(f"--set {item!r} must look like KEY=VALUE, e.g. train.iterations=5.")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}")
     return out
 
 
