@@ -167,6 +167,40 @@ def test_an_unreachable_tracking_store_fails_before_training(ci_project):
     assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
 
 
+@pytest.mark.parametrize("damage", ["corrupt", "folder", "locked"])
+def test_a_damaged_tracking_store_is_one_sentence_naming_it_and_the_fix(ci_project, damage):
+    """A SQLite store that is garbage, a folder, or held by another process's ``BEGIN EXCLUSIVE``: one sentence
+    naming the store and the fix, before any training (it was an 80–186-line SQLAlchemy traceback)."""
+    import sqlite3
+
+    db = ci_project / "store.db"
+    holder = None
+    if damage == "corrupt":
+        db.write_bytes(b"this is not a database\n" * 300)
+    elif damage == "folder":
+        db.mkdir()
+    else:
+        sqlite3.connect(db).execute("create table t (x)").connection.commit()
+        holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, sys, time\n"
+                                   f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                                   f"c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+    try:
+        out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                         f"tracking.mlflow_uri=sqlite:///{db}", "--set", "tracking.retries=0", root=ci_project,
+                         timeout=180)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "WARNING" not in ln and "retrying" not in ln]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    fix = {"corrupt": "move it aside", "folder": "move it aside", "locked": "another process holds it locked"}[damage]
+    assert lines[0].startswith(f"jagg: error: the MLflow store {db}") and fix in lines[0], lines[0]
+    assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
+
+
 def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci_project, monkeypatch):
     from jagg_core.tracking import Tracker
 
