@@ -122,6 +122,9 @@ class Tracker:
             # exponential backoff per call (minutes for an absent server). Explicit environment settings win.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if _shown(self.uri) != self.uri:
+            # MLflow prints "View run … at: <the URI as given>" when a run ends: the password, twice. Silenced.
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         name = params.tracking.experiment.format(profile=params.profile)
         _check_sqlite_store(self.uri)
         with _store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it

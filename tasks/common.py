@@ -7,6 +7,7 @@ import errno
 import functools
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -150,8 +151,9 @@ def cli(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], i
             print(f"jagg: error: no space left on the device{where}; free some space and run it again (completed "
                   f"work is kept: every file is written whole or not at all).", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)  # tasks.launch.Interrupted carries SIGTERM's number
             print("jagg: interrupted", file=sys.stderr)
-            return 130
+            return 128 + signum
 
     return wrapper

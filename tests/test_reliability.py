@@ -579,3 +579,77 @@ def test_changed_params_stop_unless_restart_and_more_iterations_continue(ci_proj
     assert [h["iteration"] for h in other.history] == [1, 2]  # started over, explicitly
     aside = [p.name for p in (ci_project / "checkpoints/ci").iterdir() if ".superseded-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("jagg-s0.superseded-")
+
+
+def _own_processes(root: Path) -> list:
+    """Every live process started for the project ``root`` (by its JAGG_ROOT), the test's own excepted."""
+    import psutil
+
+    mine = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("JAGG_ROOT") == str(root):
+                mine.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return mine
+
+
+def _files_holding(folder: Path, secret: bytes) -> list[str]:
+    hits = []
+    for f in folder.rglob("*"):
+        try:
+            if f.is_file() and not f.is_symlink() and secret in f.read_bytes():
+                hits.append(str(f.relative_to(folder)))
+        except OSError:
+            pass
+    return hits
+
+
+def test_sigterm_on_jagg_train_stops_workers_removes_the_context_and_leaks_no_secret(ci_project, tmp_path):
+    """SIGTERM to `jagg train` logging to a live MLflow server through a credentialed URI: the workers stop, the 0600
+    context file (full params, password included) is removed, the MLflow run is KILLED, and the password is nowhere
+    — no file of the project (the MLflow and Prefect databases included), nothing the run printed."""
+    import signal
+    import time
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    server = _MlflowServer(ci_project)
+    server.start()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    try:
+        uri = f"http://user:s3cret@127.0.0.1:{server.port}/"
+        env = dict(os.environ, JAGG_ROOT=str(ci_project), PYTHONPATH=str(REPO),
+                   PREFECT_HOME=str(ci_project / ".prefect"))
+        with open(out, "w") as o, open(err, "w") as e:
+            launcher = subprocess.Popen(
+                [sys.executable, "-m", "tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                 "reward.weights={jpeg_compressibility: 1.0}", "--set", "train.iterations=200", "--set",
+                 f"tracking.mlflow_uri={uri}"], cwd=ci_project, env=env, stdout=o, stderr=e)
+        first = _ckpts(ci_project) / "checkpoint-000001" / "manifest.json"
+        deadline = time.time() + 300
+        while not first.exists():
+            assert launcher.poll() is None and time.time() < deadline, err.read_text()[-2000:]
+            time.sleep(0.1)
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        assert list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()[-2000:]
+        stopped = time.monotonic() - t0
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive and not _own_processes(ci_project), [p.cmdline() for p in alive]
+        assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        runs = MlflowClient(server.url).search_runs(
+            [e.experiment_id for e in MlflowClient(server.url).search_experiments()],
+            "tags.`jagg.run` = 'jagg-s0'")
+        assert [r.info.status for r in runs] == ["KILLED"], [r.info.status for r in runs]
+    finally:
+        server.stop()
+    print(f"jagg train stopped {stopped:.1f} s after SIGTERM")
+    assert stopped < 30
+    assert _files_holding(ci_project, b"s3cret") == [], "the password reached the project's files"
+    assert b"s3cret" not in out.read_bytes() + err.read_bytes(), "the password reached the output"
+    assert b"***" in (ci_project / "runs/ci/jagg-s0/params.json").read_bytes()
