@@ -7,11 +7,12 @@ import errno
 import functools
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.pipeline.config import Params, ParamsError, load_params
+from jagg_core.pipeline.config import Params, ParamsError, load_params, parse_yaml
 from jagg_core.errors import UserError
 from jagg_core.pipeline.paths import Layout
 
@@ -122,14 +123,14 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    import yaml
-
+    """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
+    sentence, see :func:`jagg_core.config.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ParamsError(f"--set {item!r} must look like KEY=VALUE, e.g. train.iterations=5.")
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}")
     return out
 
 
@@ -150,8 +151,9 @@ def cli(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], i
             print(f"jagg: error: no space left on the device{where}; free some space and run it again (completed "
                   f"work is kept: every file is written whole or not at all).", file=sys.stderr)
             return 1
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            signum = getattr(e, "signum", signal.SIGINT)  # tasks.launch.Interrupted carries SIGTERM's number
             print("jagg: interrupted", file=sys.stderr)
-            return 130
+            return 128 + signum
 
     return wrapper

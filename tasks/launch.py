@@ -13,13 +13,14 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 from collections import deque
 from pathlib import Path
 
 from jagg_core.pipeline.config import Params
 from jagg_core.pipeline.paths import Layout
 
-__all__ = ["die_with_parent", "launch", "local_context", "read_context", "remove_stale_contexts", "user_error",
+__all__ = ["Interrupted", "die_with_parent", "launch", "stop_on_signals", "local_context", "read_context", "remove_stale_contexts", "user_error",
            "write_context"]
 
 
@@ -63,6 +64,45 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGINT reached a launcher: its worker groups are stopped, and every launch of this process ends with
+    this (not with a "died worker", which Prefect would retry). A KeyboardInterrupt, so what cleans up after Ctrl-C
+    cleans up after SIGTERM too."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+_live: set[subprocess.Popen] = set()  # the worker groups this process runs now (launches may run in threads)
+_stopping: list[int] = []  # the signal that stops this process, once one came
+
+
+def _signal_all(sig: int) -> None:
+    for proc in list(_live):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_on_signals() -> None:
+    """In a launcher's main thread: SIGTERM and SIGINT stop every worker group it started (in any thread) and raise
+    :class:`Interrupted` here, so ``finally`` blocks remove context files and close MLflow runs. A second signal
+    during that clean-up is ignored: the clean-up is bounded (:func:`_stop_group`)."""
+
+    def handler(signum: int, frame) -> None:  # noqa: ANN001
+        if _stopping:
+            return
+        _stopping.append(signum)
+        _signal_all(signal.SIGTERM)
+        raise Interrupted(signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+
 def read_context(path: str) -> tuple[Params, Layout, dict]:
     """A worker's side of :func:`write_context`: the launcher's params, the project layout and the rest."""
     ctx = json.loads(Path(path).read_text())
@@ -78,8 +118,11 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
     an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the kernel stops its child
     (and that child's workers, which call :func:`die_with_parent`)."""
     tail: deque[str] = deque(maxlen=30)
+    if _stopping:
+        raise Interrupted(_stopping[0])
     with subprocess.Popen(cmd, cwd=lay.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
+        _live.add(proc)
         try:
             for line in proc.stdout:  # type: ignore[union-attr]
                 line = line.rstrip()
@@ -89,6 +132,9 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
             rc = proc.wait()
         finally:
             _stop_group(proc)
+            _live.discard(proc)
+    if _stopping:  # stopped by a signal to this launcher, not a death of its own
+        raise Interrupted(_stopping[0])
     return rc, tail
 
 

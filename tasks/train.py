@@ -36,8 +36,8 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import (die_with_parent, launch, local_context, read_context, remove_stale_contexts, user_error,
-                     write_context)
+from .launch import (die_with_parent, launch, local_context, read_context, remove_stale_contexts, stop_on_signals,
+                     user_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -218,6 +218,9 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     except TrainingError:
         tracker.finish(mlflow_run, "FAILED")
         raise
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through stop_on_signals: the run did not fail, it was stopped
+        tracker.finish(mlflow_run, "KILLED")
+        raise
     finally:
         context.unlink(missing_ok=True)
     _replay_pending(tracker, mlflow_run, lay, run, log)
@@ -331,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(params, layout(params), args.method, seed, restart=args.restart)
     else:
         machine = Machine.resolve(params, args.machine_rank, args.main_process_ip, args.main_process_port)
+        stop_on_signals()
         train_run(params, layout(params), args.method, seed, sweep=args.sweep, restart=args.restart, machine=machine)
     return 0
 

@@ -225,3 +225,76 @@ def test_mix_grpo_window_slides_and_rolls_back():
     starts = [choose_train_steps(cfg, torch.Generator(), it)[0] for it in range(18)]
     assert starts == [0] * 3 + [2] * 3 + [4] * 3 + [6] * 3 + [8] * 3 + [0] * 3
     assert choose_train_steps(cfg, torch.Generator(), 7) == [4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/srv/elsewhere"])
+def test_a_profile_name_set_by_override_cannot_escape_the_output_tree(tmp_path, name):
+    """The pattern is on ``Params.profile`` itself: ``--set profile=…`` is refused like ``--profile …``, exit 1, one
+    sentence, nothing written (it used to write ``../escaped/prompts``)."""
+    from conftest import run_module
+
+    root = tmp_path / "deep" / "project"
+    root.mkdir(parents=True)
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    out = run_module("tasks.prepare", "--profile", "ci", "--set", f"profile={name}", root=root, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1 and "profile" in lines[0], out.stderr[-2000:]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["deep", "params.yaml", "project"]  # nothing written
+    assert not Path("/srv/elsewhere").exists()
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"model.options.guidance_scale": float("nan")}, "model.options.guidance_scale"),
+    ({"reward.options": {"toy_fidelity": {"scale": float("inf")}}}, "reward.options.toy_fidelity.scale"),
+    ({"model.options": {"grid": [1.0, float("-inf")]}}, "model.options.grid.1"),
+])
+def test_non_finite_numbers_inside_free_form_dicts_are_refused(override, field):
+    with pytest.raises(ParamsError) as e:
+        load_params(REPO / "params.yaml", "ci", override)
+    assert field in str(e.value) and "finite" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_nan_guidance_scale_is_refused_by_evaluate_before_any_work(ci_project):
+    from conftest import run_module
+
+    before = sorted(p.relative_to(ci_project) for p in ci_project.rglob("*"))
+    out = run_module("tasks.evaluate", "--profile", "ci", "--run", "base", "--set", "model.options.guidance_scale=.nan",
+                     root=ci_project, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+    assert "model.options.guidance_scale" in lines[0] and "finite" in lines[0]
+    assert sorted(p.relative_to(ci_project) for p in ci_project.rglob("*")) == before
+
+
+def test_unreadable_params_files_are_one_sentence(tmp_path):
+    folder = tmp_path / "folder.yaml"
+    folder.mkdir()
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(tmp_path / "loop2.yaml")
+    (tmp_path / "loop2.yaml").symlink_to(loop)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("train: {lr: 0.1}  # caf\xe9\n".encode("latin-1"))
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text("a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+                      + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefgh", "bcdefghi")))
+    selfref = tmp_path / "selfref.yaml"
+    selfref.write_text("model: {options: {x: &m [1, *m]}}\n")  # a list that holds itself
+    for f, fragment in [(folder, "is a folder"), (loop, "cannot be read"), (latin, "not UTF-8"),
+                        (laughs, "expands to more than"), (selfref, "refers to itself")]:
+        with pytest.raises(ParamsError, match=fragment) as e:
+            load_params(f)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ("train.lr=[1", "not valid YAML"),
+    ("train.lr=*a", "not valid YAML"),
+    ("train.lr=!!python/object:os.system {}", "not valid YAML"),
+    ("train.lr={a: 1, a: 2}", "appears twice"),
+])
+def test_invalid_yaml_in_set_values_is_one_sentence(capsys, value, fragment):
+    from tasks.prepare import main
+
+    assert main(["--profile", "ci", "--set", value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("jagg: error: --set train.lr") and fragment in err and err.count("\n") == 1, err

@@ -167,6 +167,40 @@ def test_an_unreachable_tracking_store_fails_before_training(ci_project):
     assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
 
 
+@pytest.mark.parametrize("damage", ["corrupt", "folder", "locked"])
+def test_a_damaged_tracking_store_is_one_sentence_naming_it_and_the_fix(ci_project, damage):
+    """A SQLite store that is garbage, a folder, or held by another process's ``BEGIN EXCLUSIVE``: one sentence
+    naming the store and the fix, before any training (it was an 80–186-line SQLAlchemy traceback)."""
+    import sqlite3
+
+    db = ci_project / "store.db"
+    holder = None
+    if damage == "corrupt":
+        db.write_bytes(b"this is not a database\n" * 300)
+    elif damage == "folder":
+        db.mkdir()
+    else:
+        sqlite3.connect(db).execute("create table t (x)").connection.commit()
+        holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, sys, time\n"
+                                   f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                                   f"c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+    try:
+        out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                         f"tracking.mlflow_uri=sqlite:///{db}", "--set", "tracking.retries=0", root=ci_project,
+                         timeout=180)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "WARNING" not in ln and "retrying" not in ln]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    fix = {"corrupt": "move it aside", "folder": "move it aside", "locked": "another process holds it locked"}[damage]
+    assert lines[0].startswith(f"jagg: error: the MLflow store {db}") and fix in lines[0], lines[0]
+    assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
+
+
 def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci_project, monkeypatch):
     from jagg_core.pipeline.tracking import Tracker
 
@@ -545,3 +579,77 @@ def test_changed_params_stop_unless_restart_and_more_iterations_continue(ci_proj
     assert [h["iteration"] for h in other.history] == [1, 2]  # started over, explicitly
     aside = [p.name for p in (ci_project / "checkpoints/ci").iterdir() if ".superseded-" in p.name]
     assert len(aside) == 1 and aside[0].startswith("jagg-s0.superseded-")
+
+
+def _own_processes(root: Path) -> list:
+    """Every live process started for the project ``root`` (by its JAGG_ROOT), the test's own excepted."""
+    import psutil
+
+    mine = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("JAGG_ROOT") == str(root):
+                mine.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return mine
+
+
+def _files_holding(folder: Path, secret: bytes) -> list[str]:
+    hits = []
+    for f in folder.rglob("*"):
+        try:
+            if f.is_file() and not f.is_symlink() and secret in f.read_bytes():
+                hits.append(str(f.relative_to(folder)))
+        except OSError:
+            pass
+    return hits
+
+
+def test_sigterm_on_jagg_train_stops_workers_removes_the_context_and_leaks_no_secret(ci_project, tmp_path):
+    """SIGTERM to `jagg train` logging to a live MLflow server through a credentialed URI: the workers stop, the 0600
+    context file (full params, password included) is removed, the MLflow run is KILLED, and the password is nowhere
+    — no file of the project (the MLflow and Prefect databases included), nothing the run printed."""
+    import signal
+    import time
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    server = _MlflowServer(ci_project)
+    server.start()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    try:
+        uri = f"http://user:s3cret@127.0.0.1:{server.port}/"
+        env = dict(os.environ, JAGG_ROOT=str(ci_project), PYTHONPATH=str(REPO),
+                   PREFECT_HOME=str(ci_project / ".prefect"))
+        with open(out, "w") as o, open(err, "w") as e:
+            launcher = subprocess.Popen(
+                [sys.executable, "-m", "tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                 "reward.weights={jpeg_compressibility: 1.0}", "--set", "train.iterations=200", "--set",
+                 f"tracking.mlflow_uri={uri}"], cwd=ci_project, env=env, stdout=o, stderr=e)
+        first = _ckpts(ci_project) / "checkpoint-000001" / "manifest.json"
+        deadline = time.time() + 300
+        while not first.exists():
+            assert launcher.poll() is None and time.time() < deadline, err.read_text()[-2000:]
+            time.sleep(0.1)
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        assert list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()[-2000:]
+        stopped = time.monotonic() - t0
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive and not _own_processes(ci_project), [p.cmdline() for p in alive]
+        assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        runs = MlflowClient(server.url).search_runs(
+            [e.experiment_id for e in MlflowClient(server.url).search_experiments()],
+            "tags.`jagg.run` = 'jagg-s0'")
+        assert [r.info.status for r in runs] == ["KILLED"], [r.info.status for r in runs]
+    finally:
+        server.stop()
+    print(f"jagg train stopped {stopped:.1f} s after SIGTERM")
+    assert stopped < 30
+    assert _files_holding(ci_project, b"s3cret") == [], "the password reached the project's files"
+    assert b"s3cret" not in out.read_bytes() + err.read_bytes(), "the password reached the output"
+    assert b"***" in (ci_project / "runs/ci/jagg-s0/params.json").read_bytes()

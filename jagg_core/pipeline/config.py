@@ -9,6 +9,7 @@ naming the field, the value and the fix (:class:`ParamsError`).
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from pathlib import Path
@@ -27,6 +28,7 @@ __all__ = [
     "ParamsError",
     "load_params",
     "deep_merge",
+    "parse_yaml",
 ]
 
 # The registries' names, known without importing them (tests check these equal the registries).
@@ -353,7 +355,8 @@ class ResourcesConfig(_Section):
 class Params(_Section):
     """The whole resolved configuration of one profile."""
 
-    profile: str = "toy"
+    # The pattern is on the field, not only on --profile: `--set profile=../../x` names folders too.
+    profile: str = Field("toy", pattern=_NAME.pattern, description="profile name (it names folders)")
     outputs: str | None = Field(
         None, pattern=r"^[a-z0-9][a-z0-9_-]*$",
         description="folder name of the runs, checkpoints, evaluations and report (default: the profile's name; a "
@@ -378,6 +381,16 @@ class Params(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _finite_everywhere(cls, data: Any) -> Any:
+        """No NaN or inf anywhere, free-form dicts included (``model.options.guidance_scale = .nan`` would render
+        black images and score them); the typed fields already refuse them, this catches the untyped ones."""
+        bad = _first_non_finite(data, "")
+        if bad is not None:
+            raise ValueError(f"{bad[0]} = {bad[1]!r} must be a finite number")
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> "Params":
@@ -414,6 +427,18 @@ class Params(_Section):
 class ResolvedMethod(JaggConfig):
     name: str
     mode: Literal[MODES]
+
+
+def _first_non_finite(tree: Any, path: str) -> tuple[str, float] | None:
+    """The dotted path and value of the first NaN / inf in ``tree`` (dicts and lists walked), or None."""
+    if isinstance(tree, float) and not math.isfinite(tree):
+        return path or "params", tree
+    items = tree.items() if isinstance(tree, Mapping) else enumerate(tree) if isinstance(tree, (list, tuple)) else ()
+    for k, v in items:
+        found = _first_non_finite(v, f"{path}.{k}" if path else str(k))
+        if found is not None:
+            return found
+    return None
 
 
 # Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.
@@ -482,6 +507,65 @@ def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
+# A params tree is small; YAML aliases can make a tiny file expand to billions of nodes ("billion laughs") or loop.
+_MAX_FILE_BYTES = 16 << 20
+_MAX_NODES = 1_000_000
+
+
+def _read_params_file(path: Path) -> str:
+    """The text of a params file, or one sentence saying why it cannot be read (a folder, a symlink loop, not UTF-8,
+    unreadable, absurdly large)."""
+    try:
+        if path.stat().st_size > _MAX_FILE_BYTES:
+            raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path} is a folder, not a params file; pass --params PATH/TO/params.yaml.") from None
+    except UnicodeDecodeError as e:
+        raise ParamsError(f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+    except OSError as e:
+        raise ParamsError(f"{path} cannot be read ({e.strerror or e}); pass a readable params file.") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML from an untrusted source (a params file, a ``--set`` value): the safe loader, duplicate keys refused,
+    aliases bounded; any failure is one :class:`ParamsError` sentence, never a traceback."""
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        first = " ".join(str(e).split())[:200]
+        raise ParamsError(f"{source} is not valid YAML ({first}); fix the syntax or quote the value.") from None
+    except RecursionError:
+        raise ParamsError(f"{source} nests too deeply to be params; flatten it.") from None
+    _bounded(value, source)
+    return value
+
+
+def _bounded(tree: Any, source: str) -> None:
+    """Refuse a tree that refers to itself or expands (through shared YAML aliases) to more than :data:`_MAX_NODES`
+    nodes: validating it would never end."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Any, depth: int) -> int:
+        if not isinstance(node, (dict, list, tuple)):
+            return 1
+        if id(node) in open_ or depth > 100:
+            raise ParamsError(f"{source} refers to itself or nests too deeply (a YAML alias loop?); write it out.")
+        if id(node) not in sizes:
+            open_.add(id(node))
+            children = node.values() if isinstance(node, dict) else node
+            sizes[id(node)] = 1 + sum(size(c, depth + 1) for c in children)
+            open_.discard(id(node))
+        if sizes[id(node)] > _MAX_NODES:
+            raise ParamsError(f"{source} expands to more than {_MAX_NODES:,} values (YAML aliases?); write it out.")
+        return sizes[id(node)]
+
+    size(tree, 0)
+
+
 def load_params(
     path: str | os.PathLike = "params.yaml",
     profile: str | None = None,
@@ -493,12 +577,7 @@ def load_params(
     """
     path = Path(path)
     source = path.name
-    try:
-        raw = yaml.load(path.read_text(), Loader=_UniqueKeyLoader) or {}
-    except FileNotFoundError:
-        raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{source} is not valid YAML ({str(e).splitlines()[0]}); fix the syntax.") from None
+    raw = parse_yaml(_read_params_file(path), source) or {}
     if not isinstance(raw, dict):
         raise ParamsError(f"{source} must be a mapping of sections, got {type(raw).__name__}.")
     profiles = raw.pop("profiles", {}) or {}
@@ -515,6 +594,7 @@ def load_params(
     tree = deep_merge(raw, overlay)
     tree["profile"] = name
     for dotted, value in (overrides or {}).items():
+        _bounded(value, f"override {dotted}")
         _set_dotted(tree, dotted, value)
     try:
         return Params.model_validate(tree)

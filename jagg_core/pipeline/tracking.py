@@ -69,6 +69,44 @@ def _store_creation_lock(uri: str) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def _shown(uri: str) -> str:
+    """The store's URI as it may be printed: credentials in it redacted (``http://user:***@host/``)."""
+    return redact(uri)
+
+
+def _check_sqlite_store(uri: str) -> None:
+    """A SQLite store that is a folder, or a file that is not a SQLite database, is one sentence before MLflow opens
+    it (MLflow would answer with a long SQLAlchemy traceback)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if db.is_dir():
+        raise TrackingError(f"the MLflow store {db} is a folder, not a SQLite file; move it aside or set "
+                            f"tracking.mlflow_uri to another file.")
+    if db.is_file() and db.stat().st_size:
+        with open(db, "rb") as f:
+            header = f.read(16)
+        if header != b"SQLite format 3\x00":
+            raise TrackingError(f"the MLflow store {db} is not a SQLite database (damaged?); move it aside "
+                                f"(mv {db} {db}.damaged) to start a fresh store, or set tracking.mlflow_uri.")
+
+
+def _store_failure(uri: str, what: str, e: BaseException) -> str:
+    """One sentence for a store that failed every retry: what it is, which store, and the fix."""
+    text = " ".join(str(e).split())
+    if uri.startswith("sqlite:///"):
+        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
+        if "locked" in text:
+            return (f"the MLflow store {db} cannot {what}: another process holds it locked; stop that process (or "
+                    f"wait for it) and run again.")
+        if "malformed" in text or "not a database" in text:
+            return (f"the MLflow store {db} is damaged ({type(e).__name__}); move it aside (mv {db} {db}.damaged) to "
+                    f"start a fresh store, or set tracking.mlflow_uri.")
+    detail = redact(text[:200])
+    return (f"the MLflow store {_shown(uri)} cannot {what} ({type(e).__name__}: {detail}); check "
+            f"tracking.mlflow_uri or start the server.")
+
+
 class Tracker:
     """One MLflow store and one experiment; creates or finds parent (sweep) and child (run) runs by tags."""
 
@@ -85,9 +123,13 @@ class Tracker:
             # exponential backoff per call (minutes for an absent server). Explicit environment settings win.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if _shown(self.uri) != self.uri:
+            # MLflow prints "View run … at: <the URI as given>" when a run ends: the password, twice. Silenced.
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         name = params.tracking.experiment.format(profile=params.profile)
+        _check_sqlite_store(self.uri)
         with _store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it
-            self.client = MlflowClient(tracking_uri=self.uri)
+            self.client = self._call(lambda: MlflowClient(tracking_uri=self.uri), "be opened")
             self.experiment_id = self._call(lambda: self._open_experiment(name), "open or create the experiment")
         self.experiment = name
 
@@ -112,10 +154,7 @@ class Tracker:
                 return fn()
             except Exception as e:  # noqa: BLE001  (MLflow raises many types for a busy or absent store)
                 if attempt == retries:
-                    raise TrackingError(
-                        f"the MLflow store {self.uri} cannot {what} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                        f"check tracking.mlflow_uri or start the server."
-                    ) from None
+                    raise TrackingError(_store_failure(self.uri, what, e)) from None
                 log.warning("MLflow: could not %s (%s); retrying in %.1fs", what, type(e).__name__, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
