@@ -124,7 +124,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
-    sentence, see :func:`jagg_core.config.parse_yaml`)."""
+    sentence, see :func:`jagg_core.pipeline.config.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
