@@ -10,7 +10,7 @@ import sys
 import pytest
 
 ALGORITHM = ("jagg_core.jagg", "jagg_core.modes", "jagg_core.sde", "jagg_core.loss", "jagg_core.advantages",
-             "jagg_core.schedules", "jagg_core.fidelity", "jagg_core.cost", "jagg_core.errors")
+             "jagg_core.schedules", "jagg_core.fidelity", "jagg_core.cost", "jagg_core.snr", "jagg_core.errors")
 FORBIDDEN = ("mlflow", "prefect", "pydantic", "yaml", "matplotlib", "dvc", "diffusers", "transformers", "open_clip")
 
 
