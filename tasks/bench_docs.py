@@ -138,7 +138,7 @@ def _plot_iteration(r: dict, path: Path) -> bool:
     it = r.get("iteration")
     if not it:
         return False
-    from jagg_core.pipeline.report import plot_stacked_bars
+    from jagg_core.pipeline.report_figures import plot_stacked_bars
 
     rows = it["breakdown"]
     return plot_stacked_bars([b["key"] for b in rows], [b["phases"] for b in rows], ITERATION_PHASES, path,

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     if args.base_grid:
-        from jagg_core.pipeline.report import base_model_grid
+        from jagg_core.pipeline.report_figures import base_model_grid
 
         print(base_model_grid(layout(params), ROOT / args.base_grid))
         return 0

@@ -1,4 +1,5 @@
-"""The comparison report: image grids (prompt × method), reward and evaluation curves, the speed table.
+"""The comparison report: the speed table, the iteration breakdown, paired differences and the pages (summary.json,
+README.md, index.html); its figures and image grids are drawn by :mod:`jagg_core.pipeline.report_figures`.
 
 Reads what the stages wrote — ``eval/<profile>/<run>/metrics.json`` and images, ``runs/<profile>/<run>/curve.tsv`` —
 and writes ``reports/<profile>/{index.html, README.md, *.png, summary.json}``. Nothing here trains or samples.
@@ -19,7 +20,8 @@ from typing import Any, Sequence
 from .config import Params
 from ..cost import ideal_speedup
 from .paths import Layout, run_name
-from .storage import atomic_write_bytes, atomic_write_text
+from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_stacked_bars
+from .storage import atomic_write_text
 
 __all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
            "markdown_table", "read_curve", "speed_table", "PHASES"]
@@ -30,13 +32,6 @@ def read_curve(path: Path) -> list[dict[str, float]]:
         return []
     rows = csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")
     return [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in rows]
-
-
-def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
-    xs = [x for x in xs if x == x]
-    if not xs:
-        return float("nan"), float("nan")
-    return statistics.fmean(xs), statistics.pstdev(xs) if len(xs) > 1 else 0.0
 
 
 def cost_model_speedup(*, grad_forwards: float, nograd_forwards: float, reused: float = 0.0) -> float:
@@ -77,7 +72,7 @@ def speed_table(params: Params, runs: Sequence[_Run]) -> list[dict[str, Any]]:
     batched = by_method.get(next((m for m in by_method if params.methods[m].mode == "exact_batched"), ""), [])
 
     def mean(rows_: list[dict[str, float]], key: str) -> float:
-        return _mean_std([x[key] for x in rows_ if key in x])[0]
+        return mean_std([x[key] for x in rows_ if key in x])[0]
 
     for method, curve in by_method.items():
         m = params.method(method)
@@ -140,44 +135,6 @@ def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
     return out
 
 
-def plot_stacked_bars(labels: Sequence[str], rows: Sequence[dict[str, float]], phases: Sequence[str], path: Path, *,
-                      title: str, xlabel: str, label_size: float | None = None) -> bool:
-    """One horizontal bar per row, stacked from its ``phases`` (seconds; a phase that is 0 everywhere is left out);
-    written as a PNG to ``path``. False (nothing written) without rows."""
-    if not rows:
-        return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, (0.6 if label_size is None else 0.35) * len(rows) + 1.6), dpi=120)
-    ys = list(range(len(rows)))[::-1]
-    left = [0.0] * len(rows)
-    cmap = plt.get_cmap("tab10")
-    for i, name in enumerate(phases):
-        widths = [r[name] for r in rows]
-        if not any(w > 0 for w in widths):
-            continue
-        ax.barh(ys, widths, left=left, color=cmap(i % 10), label=name, height=0.6)
-        left = [a + b for a, b in zip(left, widths)]
-    ax.set_yticks(ys, list(labels), fontsize=label_size)
-    ax.set_xlabel(xlabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3, axis="x")
-    from matplotlib.transforms import ScaledTranslation
-
-    # The legend 0.55 inch below the axes, under the x label, whatever the number of bars.
-    below = ax.transAxes + ScaledTranslation(0, -0.55, fig.dpi_scale_trans)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, ncol=5, fontsize=7, frameon=False)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-    return True
-
-
 def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
     """One horizontal stacked bar per method: its iteration split into phases (seconds)."""
     return plot_stacked_bars([f"{r['method']}\n{r['overhead_share']:.1%} overhead" for r in rows],
@@ -195,67 +152,6 @@ def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     return table
 
 
-def _save_png(image, path: Path) -> None:
-    """A PIL image written atomically as PNG."""
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _save_figure(fig, ax, path: Path) -> None:
-    """Grid, legend, tight layout; written atomically as PNG and closed."""
-    import matplotlib.pyplot as plt
-
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
-
-
-def _plot_curves(runs: Sequence[_Run], key: str, title: str, path: Path, *, base_point: float | None = None,
-                 from_eval: bool = False, smooth: int = 1) -> bool:
-    """One line per method: the mean over seeds, with a band of ± one standard deviation when there are several.
-
-    ``smooth`` > 1 averages each run's curve over a trailing window of that many points first (noisy rollout
-    rewards).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    by_method: dict[str, list[dict[float, float]]] = {}
-    for r in runs:
-        pts = ([(p["step"], p[key]) for p in r.eval["curve"] if key in p] if from_eval and r.eval else
-               [(row["iteration"], row[key]) for row in r.curve if key in row])
-        if base_point is not None and from_eval:
-            pts = [(0, base_point)] + [p for p in pts if p[0] != 0]
-        if smooth > 1 and pts:
-            ys = [y for _, y in pts]
-            pts = [(x, statistics.fmean(ys[max(0, i - smooth + 1) : i + 1])) for i, (x, _) in enumerate(pts)]
-        if pts:
-            by_method.setdefault(r.method, []).append(dict(pts))
-    if not by_method:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    for i, (method, curves) in enumerate(by_method.items()):
-        xs = sorted(set().union(*curves))
-        stats = [_mean_std([c[x] for c in curves if x in c]) for x in xs]
-        mean = [m for m, _ in stats]
-        n = len(curves)
-        ax.plot(xs, mean, color=f"C{i}", label=f"{method} ({n} seed{'s' if n > 1 else ''})",
-                marker="o" if from_eval else None, markersize=3)
-        if n > 1:
-            ax.fill_between(xs, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=f"C{i}", alpha=0.15)
-    ax.set_title(title)
-    ax.set_xlabel("iteration")
-    _save_figure(fig, ax, path)
-    return True
-
-
 def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[float, float, int]]]:
     """Mean ± std of cos(JAGG, exact) and cos(ablate, exact) per group position over every logged measurement."""
     out: dict[str, dict[int, list[float]]] = {"jagg": {}, "ablate": {}}
@@ -266,84 +162,7 @@ def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[floa
                     prefix = f"jagg/cos_{kind}/g"
                     if key.startswith(prefix) and v == v:
                         out[kind].setdefault(int(key[len(prefix):]), []).append(v)
-    return {k: {g: (*_mean_std(vs), len(vs)) for g, vs in sorted(d.items())} for k, d in out.items()}
-
-
-def _plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not fid["jagg"]:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
-    for kind, colour in (("jagg", "C1"), ("ablate", "C2")):
-        pts = sorted(fid[kind].items())
-        if pts:
-            xs = [g for g, _ in pts]
-            ys = [m for _, (m, _, _) in pts]
-            es = [s for _, (_, s, _) in pts]
-            ax.errorbar(xs, ys, yerr=es, marker="o", color=colour, capsize=3, label=f"cos({kind}, exact)")
-    ax.set_xticks(sorted({g for kind in ("jagg", "ablate") for g in fid[kind]}))
-    ax.axhline(threshold, color="grey", ls="--", lw=1, label=f"threshold {threshold}")
-    ax.set_xlabel("group position along the trajectory (0 = highest noise)")
-    ax.set_ylabel("cosine to the exact gradient")
-    ax.set_title("gradient fidelity by group position")
-    _save_figure(fig, ax, path)
-    return True
-
-
-def _grid(params: Params, lay: Layout, runs: Sequence[_Run], out: Path, per_style: int = 2) -> list[str]:
-    """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step."""
-    import torch
-
-    from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
-
-    columns: list[tuple[str, Path]] = []
-    base = lay.eval_dir("base") / "metrics.json"
-    if base.exists():
-        columns.append(("base", lay.root / json.loads(base.read_text())["images"]))
-    seen = set()
-    for r in runs:
-        if r.eval and r.method not in seen:
-            seen.add(r.method)
-            columns.append((f"{r.method} @{r.eval['step']}", lay.root / r.eval["images"]))
-    if not columns:
-        return []
-    scores = (columns[0][1].parent / "scores.jsonl").read_text().splitlines()
-    rows = [json.loads(x) for x in scores]
-    picked = [x for x in rows if x["index"] < per_style]
-    images, captions = [], []
-    for x in picked:
-        for title, root in columns:
-            images.append(load_image(image_path(root, x["style"], x["index"])))
-            captions.append(x["prompt"] if title == columns[0][0] else "")
-    grid = image_grid(torch.stack(images), captions, ncols=len(columns), scale=6,
-                      col_titles=[t for t, _ in columns], caption_width=40)
-    _save_png(grid, out)
-    return [t for t, _ in columns]
-
-
-def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str = "toy_fidelity") -> Path:
-    """The evaluated base model's first test images of each style, captioned with prompt and ``metric`` (a PNG)."""
-    import torch
-
-    from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
-
-    card = lay.eval_dir("base") / "metrics.json"
-    if not card.exists():
-        raise FileNotFoundError(f"{card} does not exist; evaluate the base model first (`jagg evaluate --run base`).")
-    root = lay.root / json.loads(card.read_text())["images"]
-    rows = [json.loads(x) for x in (root.parent / "scores.jsonl").read_text().splitlines()]
-    picked = [x for x in rows if x["index"] < per_style]
-    images = torch.stack([load_image(image_path(root, x["style"], x["index"])) for x in picked])
-    captions = [f"{x['prompt']} [{metric} {x[metric]:.2f}]" if metric in x else x["prompt"] for x in picked]
-    grid = image_grid(images, captions, ncols=per_style, scale=5, caption_width=24)
-    _save_png(grid, Path(out))
-    return Path(out)
+    return {k: {g: (*mean_std(vs), len(vs)) for g, vs in sorted(d.items())} for k, d in out.items()}
 
 
 def _fmt(x: Any, digits: int = 4) -> str:
@@ -369,7 +188,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         row = {"method": method}
         for m in metrics:
             vals = [r.eval["metrics"][m]["benchmark"] for r in runs if r.method == method and r.eval]
-            row[m] = _mean_std(vals)
+            row[m] = mean_std(vals)
             row["seeds"] = len(vals)
         final.append(row)
     speed = speed_table(params, runs)
@@ -378,22 +197,22 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     figures = {}
     if _plot_breakdown(breakdown, out / "iteration.png", "where an iteration's time goes"):
         figures["iteration breakdown"] = "iteration.png"
-    if _plot_curves(runs, "reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
+    if plot_curves(runs, "reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
                     out / "reward.png", smooth=4):
         figures["reward"] = "reward.png"
     for m in metrics:  # each metric that is also a training reward, on the rollouts of the training prompts
-        if _plot_curves(runs, f"reward/{m}/mean", f"training prompts: {m} of the rollouts (4-iteration mean)",
+        if plot_curves(runs, f"reward/{m}/mean", f"training prompts: {m} of the rollouts (4-iteration mean)",
                         out / f"train-{m}.png", smooth=4):
             figures[f"train/{m}"] = f"train-{m}.png"
     for m in metrics:
         bp = base["metrics"][m]["benchmark"] if base else None
-        if _plot_curves(runs, f"eval/{m}", f"test split: {m} (± sd over seeds)", out / f"eval-{m}.png", base_point=bp,
+        if plot_curves(runs, f"eval/{m}", f"test split: {m} (± sd over seeds)", out / f"eval-{m}.png", base_point=bp,
                         from_eval=True):
             figures[f"eval/{m}"] = f"eval-{m}.png"
     fid = fidelity_by_position(runs)
-    if _plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
+    if plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
         figures["fidelity"] = "fidelity.png"
-    grid_columns = _grid(params, lay, runs, out / "grid.png")
+    grid_columns = comparison_grid(params, lay, runs, out / "grid.png")
     if grid_columns:
         figures["grid"] = "grid.png"
 
@@ -421,8 +240,8 @@ def _per_run(runs: Sequence[_Run], metrics: Sequence[str]) -> list[dict[str, Any
         curve = r.curve[1:] if len(r.curve) > 1 else r.curve
         rows.append({"method": r.method, "seed": r.seed, "step": r.eval["step"],
                      "final": {m: r.eval["metrics"][m]["benchmark"] for m in metrics if m in r.eval["metrics"]},
-                     "update_s_per_iteration": _mean_std([x["time/update"] for x in curve if "time/update" in x])[0],
-                     "iteration_s": _mean_std([x["time/iteration"] for x in curve if "time/iteration" in x])[0]})
+                     "update_s_per_iteration": mean_std([x["time/update"] for x in curve if "time/update" in x])[0],
+                     "iteration_s": mean_std([x["time/iteration"] for x in curve if "time/iteration" in x])[0]})
     return rows
 
 
