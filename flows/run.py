@@ -6,14 +6,124 @@ With ``--set KEY=VALUE`` the flow run is a sweep point: its outputs go to folder
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import os
+import signal
+import subprocess
 import sys
+import threading
 import time
+from typing import Iterator
 
 from jagg_core.pipeline.config import ParamsError
-from tasks.common import ROOT, add_common_args, cli, layout, parse_overrides
+from tasks.common import ROOT, ServiceError, add_common_args, cli, free_port, layout, parse_overrides
+from tasks.launch import die_with_parent, stop_on_signals
 
 from .reproduce import flow_params, reproduce
+
+
+@contextlib.contextmanager
+def temporary_server() -> Iterator[None]:
+    """A Prefect API server of this process's own while the flow runs, unless ``PREFECT_API_URL`` names one.
+
+    It is the server Prefect would start on its own (the same uvicorn app, UI off), except that it dies with this
+    process: it gets SIGTERM from the kernel when ``jagg run`` is killed outright (PR_SET_PDEATHSIG, as the trainers
+    do, see tasks/launch.py), and is stopped here when the flow ends, fails or is interrupted. Prefect's own temporary
+    server outlived a SIGKILLed or SIGTERMed `jagg run`, still listening."""
+    import prefect
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    port = free_port()
+    env = {**os.environ, **get_current_settings().to_environment_variables(exclude_unset=True),
+           "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+    cmd = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+           "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "error",
+           "--lifespan", "on"]
+    server = subprocess.Popen(cmd, env=env, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+    try:
+        _wait_healthy(server, f"http://127.0.0.1:{port}/api")
+        with temporary_settings(updates={PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+            yield
+    finally:
+        _drain_logs()
+        server.terminate()
+        try:  # uvicorn waits for open connections (Prefect's event websocket) before it stops: not for long
+            server.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
+def _exit_now(status: int) -> None:
+    """After an interrupt, once the trainers and the server are stopped: exit without Prefect's exit handlers, which
+    would try to reach the stopped server for ~10 s (Ctrl-C must be quick)."""
+    print("jagg: interrupted", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _in_a_thread(flow, **kwargs) -> None:  # noqa: ANN001
+    """Run ``flow`` in a thread of its own and wait for it in the main thread, where signals arrive.
+
+    In the main thread Prefect's engine would take SIGTERM for itself and wait for the running tasks (a whole training
+    run) before it ends; here :func:`tasks.launch.stop_on_signals` gets it, stops every trainer at once, the tasks end
+    with :class:`tasks.launch.Interrupted`, the flow run is recorded as crashed, and the caller stops the server."""
+    outcome: dict[str, BaseException] = {}
+    done = threading.Event()  # not Thread.join: an interrupted join can mark a running thread as ended (Python 3.11)
+
+    context = contextvars.copy_context()  # Prefect's settings (the temporary server's URL) live in context variables
+
+    def target() -> None:
+        try:
+            context.run(flow, **kwargs)
+        except BaseException as e:  # noqa: BLE001  (handed to the main thread)
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="jagg-flow", daemon=True).start()
+    try:
+        while not done.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        done.wait(timeout=8)  # its trainers are stopped: the flow ends within seconds, its state recorded
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+
+
+def _drain_logs() -> None:
+    """Send the flow's last log lines to the server before it stops (else: "Error logging to API" at exit)."""
+    try:
+        from prefect.events.worker import EventsWorker
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)
+        EventsWorker.drain_all(timeout=5)
+    except Exception:  # noqa: BLE001  (nothing was logged, or the server is gone already)
+        pass
+
+
+def _wait_healthy(server: subprocess.Popen, api: str, timeout: float = 120) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise ServiceError(f"the temporary Prefect server exited with status {server.returncode} at start; "
+                               f"run `prefect server start` to see why.")
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise ServiceError(f"the temporary Prefect server did not answer within {timeout:.0f} s; is the machine busy?")
 
 
 @cli
@@ -30,8 +140,14 @@ def main(argv: list[str] | None = None) -> int:
     params = flow_params(args.profile, args.params, overrides)  # bad params fail here, before Prefect starts
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     t0 = time.perf_counter()
-    reproduce(profile=params.profile, parallel_runs=args.parallel_runs, overrides=overrides, params_file=args.params,
-              sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}", restart=args.restart)
+    stop_on_signals()  # SIGTERM / Ctrl-C: the trainers' groups stop at once, then the temporary server
+    try:
+        with temporary_server():
+            _in_a_thread(reproduce, profile=params.profile, parallel_runs=args.parallel_runs, overrides=overrides,
+                         params_file=args.params, sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}",
+                         restart=args.restart)
+    except KeyboardInterrupt as e:
+        _exit_now(128 + getattr(e, "signum", signal.SIGINT))
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")
