@@ -740,3 +740,36 @@ def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_
     assert not _retryable(None, None, State())
     assert isinstance(_failure("jagg-s0", -9, deque(["killed"])), WorkerDied)
 
+
+def test_user_errors_and_every_log_record_are_redacted(capsys):
+    """One redaction for what is raised and what is logged: a user error quoting a credentialed URI prints it as
+    ``user:***@`` (also as a Prefect state message, which is its text), and so does every log handler (ours,
+    MLflow's, Prefect's console and API handlers get the same filter)."""
+    import logging
+
+    from jagg_core.config import ParamsError
+    from tasks.common import cli, stage_logger
+
+    err = ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")
+    assert "s3cret" not in str(err) and "user:***@" in str(err)
+
+    @cli
+    def main(argv=None):
+        raise err
+
+    assert main() == 1 and "s3cret" not in capsys.readouterr().err
+    seen = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            seen.append(self.format(record))
+
+    handler = Capture()
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+    try:
+        stage_logger("test")  # puts the filter on every handler there is
+        logging.getLogger("prefect.flow_runs").warning("store %s", "http://user:s3cret@host:1/")
+    finally:
+        logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    assert seen == ["store http://user:***@host:1/"]
+
