@@ -96,8 +96,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Redacting(logging.Filter):
+    """Every record a handler emits, redacted (credentials in URLs): our lines, MLflow's, Prefect's, printed lines
+    that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from jagg_core.redact import redact
+
+        message = record.getMessage()
+        shown = redact(message)
+        if shown != message:
+            record.msg, record.args = shown, None
+        return True
+
+
+def redact_logs() -> None:
+    """Put :class:`_Redacting` on every handler there is now (the root's, Prefect's console and API handlers)."""
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not any(isinstance(f, _Redacting) for f in handler.filters):
+                handler.addFilter(_Redacting())
+
+
 def stage_logger(name: str) -> logging.Logger:
-    """The Prefect run logger inside a flow or task (so output reaches the Prefect UI), else a plain logger."""
+    """The Prefect run logger inside a flow or task (so output reaches the Prefect UI), else a plain logger; every
+    handler redacts what it emits (:func:`redact_logs`)."""
+    try:
+        return _stage_logger(name)
+    finally:
+        redact_logs()
+
+
+def _stage_logger(name: str) -> logging.Logger:
     try:
         from prefect.context import FlowRunContext, TaskRunContext
         from prefect.logging import get_run_logger

@@ -706,3 +706,70 @@ def test_jagg_run_interrupted_by_sigint_sigterm_and_sigkill_leaves_nothing_and_r
     curve = (ci_project / "runs" / run_dir.parent.name / "jagg-s0" / "curve.tsv").read_text().splitlines()
     assert [line.split("\t")[0] for line in curve[1:]] == ["1", "2", "3", "4"]  # every iteration once
 
+
+
+def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_path):
+    """What a worker finds — a garbage ``curve.tsv`` row, a garbage ``state.json`` (its manifest rewritten to match,
+    so it verifies) — is a user error with a sentence naming the file, which the worker prints as ``jagg: error:``
+    and its launcher raises as a TrainingError, not a WorkerDied that Prefect retries (they were tracebacks: "exit
+    status 1; last output: CalledProcessError…", retried twice)."""
+    from collections import deque
+
+    from jagg_core.trainer.checkpoint import Checkpoint
+    from jagg_core.trainer.logging import TsvCurve
+    from tasks.train import WorkerDied, _failure, _retryable
+
+    curve = tmp_path / "curve.tsv"
+    curve.write_text("iteration\treward/mean\n1\t0.5\ngarbage\tnot-a-number\n")
+    with pytest.raises(TrainingError, match=r"curve.tsv line 3 is not a row of numbers; fix or delete"):
+        TsvCurve(curve, resume_from=1)
+    ckpt = tmp_path / "checkpoint-000001"
+    ckpt.mkdir()
+    for garbage, fragment in [(b"\xff{not json", "cannot be read as JSON"), (b"[1]", "holds a list")]:
+        (ckpt / "state.json").write_bytes(garbage)
+        with pytest.raises(CheckpointError, match=fragment) as e:
+            Checkpoint(ckpt, 1).state()
+        assert "\n" not in str(e.value)
+    failure = _failure("jagg-s0", 1, deque(["Traceback …", f"jagg: error: {e.value}", "CalledProcessError: …"]))
+    assert type(failure) is TrainingError and "state.json holds a list" in str(failure)
+
+    class State:  # what Prefect's retry condition sees
+        def result(self, raise_on_failure=True):
+            raise failure
+
+    assert not _retryable(None, None, State())
+    assert isinstance(_failure("jagg-s0", -9, deque(["killed"])), WorkerDied)
+
+
+def test_user_errors_and_every_log_record_are_redacted(capsys):
+    """One redaction for what is raised and what is logged: a user error quoting a credentialed URI prints it as
+    ``user:***@`` (also as a Prefect state message, which is its text), and so does every log handler (ours,
+    MLflow's, Prefect's console and API handlers get the same filter)."""
+    import logging
+
+    from jagg_core.config import ParamsError
+    from tasks.common import cli, stage_logger
+
+    err = ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")
+    assert "s3cret" not in str(err) and "user:***@" in str(err)
+
+    @cli
+    def main(argv=None):
+        raise err
+
+    assert main() == 1 and "s3cret" not in capsys.readouterr().err
+    seen = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            seen.append(self.format(record))
+
+    handler = Capture()
+    logging.getLogger("prefect.flow_runs").addHandler(handler)
+    try:
+        stage_logger("test")  # puts the filter on every handler there is
+        logging.getLogger("prefect.flow_runs").warning("store %s", "http://user:s3cret@host:1/")
+    finally:
+        logging.getLogger("prefect.flow_runs").removeHandler(handler)
+    assert seen == ["store http://user:***@host:1/"]
+

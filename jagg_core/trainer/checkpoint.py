@@ -68,7 +68,18 @@ class Checkpoint:
     iteration: int
 
     def state(self) -> dict[str, Any]:
-        return json.loads((self.path / "state.json").read_text())
+        """The checkpoint's ``state.json``; garbage there (its manifest rewritten to match) is a :class:`CheckpointError`
+        sentence in the worker, not a traceback that its launcher would take for a died process and retry."""
+        f = self.path / "state.json"
+        try:
+            state = json.loads(f.read_bytes().decode("utf-8"))
+        except (ValueError, OSError) as e:
+            raise CheckpointError(f"{f} cannot be read as JSON ({type(e).__name__}); the checkpoint is damaged: move "
+                                  f"{self.path.name} aside to resume from the one before it.") from None
+        if not isinstance(state, dict):
+            raise CheckpointError(f"{f} holds a {type(state).__name__}, not a checkpoint state; the checkpoint is "
+                                  f"damaged: move {self.path.name} aside to resume from the one before it.")
+        return state
 
     @property
     def sharded(self) -> bool:

@@ -29,11 +29,22 @@ class TsvCurve:
         self.path = Path(path)
         self.rows: list[dict[str, float]] = []
         if resume_from is not None and self.path.exists():
-            reader = csv.DictReader(io.StringIO(self.path.read_text()), delimiter="\t")
-            for row in reader:
-                parsed = {k: float(v) for k, v in row.items() if v not in ("", None)}
+            reader = csv.DictReader(io.StringIO(self.path.read_text(errors="replace")), delimiter="\t")
+            for line, row in enumerate(reader, start=2):
+                parsed = self._parse(row, line)
                 if parsed.get("iteration", math.inf) <= resume_from:
                     self.rows.append(parsed)
+
+    def _parse(self, row: Mapping[Any, Any], line: int) -> dict[str, float]:
+        """One row of numbers; anything else is one sentence naming the file and the line (raised in the worker, it
+        stays a user error across the process boundary instead of a "died worker" that Prefect retries)."""
+        from .loop import TrainingError
+
+        try:
+            return {str(k): float(v) for k, v in row.items() if v not in ("", None)}
+        except (TypeError, ValueError):
+            raise TrainingError(f"{self.path} line {line} is not a row of numbers; fix or delete that line (the "
+                                f"rows up to the resumed checkpoint are kept, later ones are rewritten).") from None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         row = next((r for r in self.rows if r.get("iteration") == step), None)
