@@ -212,7 +212,7 @@ def step(args) -> dict:
     g = sum(_grad(params, policy, *_rollout(params, policy, prompts, reward_fn, ids, args.seed, i)[:2])
             for i in range(2))
     theta = [p.detach().clone() for p in policy.trainable_parameters()]
-    judges = {"toy_fidelity": make_reward("toy_fidelity"), "jpeg_compressibility": make_reward("jpeg_compressibility")}
+    judges = {name: make_reward(name) for name in ("toy_preference", "toy_fidelity", "jpeg_compressibility")}
 
     def measure(idset):
         out: dict[str, list[float]] = {}

@@ -101,7 +101,7 @@ class _Redacting(logging.Filter):
     that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from jagg_core.redact import redact
+        from jagg_core.pipeline.redact import redact
 
         message = record.getMessage()
         shown = redact(message)

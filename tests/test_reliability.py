@@ -747,7 +747,7 @@ def test_user_errors_and_every_log_record_are_redacted(capsys):
     MLflow's, Prefect's console and API handlers get the same filter)."""
     import logging
 
-    from jagg_core.config import ParamsError
+    from jagg_core.pipeline.config import ParamsError
     from tasks.common import cli, stage_logger
 
     err = ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")
