@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from .redact import redact
-
 __all__ = ["UserError"]
 
 
@@ -14,4 +12,6 @@ class UserError(Exception):
     Prefect state message — a message may quote a value the user gave (``tracking.mlflow_uri``), secrets included."""
 
     def __str__(self) -> str:
+        from .pipeline.redact import redact  # here, not at import: the algorithm imports nothing of the application
+
         return redact(super().__str__())
