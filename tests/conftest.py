@@ -20,28 +20,30 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="session")
-def ci_base(tmp_path_factory) -> Path:
-    """A project root with the ci profile's prompts and pretrained base model (built once per session)."""
-    root = tmp_path_factory.mktemp("ci_base")
+def _prepared_project(tmp_path_factory, profile: str) -> Path:
+    """A project root with ``profile``'s prompts and base model, made by the pipeline's own stages.
+
+    In fresh processes, as the pipeline runs them: the base model's bits must not depend on what earlier tests did
+    to this process (e.g. torch's thread count), or the pinned digests of test_refactor_reference would.
+    """
+    root = tmp_path_factory.mktemp(f"{profile}_base")
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    # In fresh processes, as the pipeline runs them: the base model's bits must not depend on what earlier tests did
-    # to this process (e.g. torch's thread count), or the pinned digests of test_refactor_reference would.
     for stage in ("tasks.prepare", "tasks.pretrain"):
-        out = run_module(stage, "--profile", "ci", root=root)
+        out = run_module(stage, "--profile", profile, root=root)
         assert out.returncode == 0, out.stderr[-2000:]
     return root
+
+
+@pytest.fixture(scope="session")
+def ci_base(tmp_path_factory) -> Path:
+    """The ci profile's prompts and its pretrained base model (40 steps; built once per session)."""
+    return _prepared_project(tmp_path_factory, "ci")
 
 
 @pytest.fixture(scope="session")
 def toy_base(tmp_path_factory) -> Path:
-    """A project root with the toy profile's prompts and the shipped base model (a verified copy, no training)."""
-    root = tmp_path_factory.mktemp("toy_base")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    for stage in ("tasks.prepare", "tasks.pretrain"):
-        out = run_module(stage, "--profile", "toy", root=root)
-        assert out.returncode == 0, out.stderr[-2000:]
-    return root
+    """The toy profile's prompts and the shipped base model (a verified copy of assets/toy-base, no training)."""
+    return _prepared_project(tmp_path_factory, "toy")
 
 
 @pytest.fixture
