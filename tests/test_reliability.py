@@ -716,7 +716,7 @@ def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_
     from collections import deque
 
     from jagg_core.trainer.checkpoint import Checkpoint
-    from jagg_core.trainer.logging import TsvCurve
+    from jagg_core.trainer.curve import TsvCurve
     from tasks.train import WorkerDied, _failure, _retryable
 
     curve = tmp_path / "curve.tsv"
