@@ -61,24 +61,17 @@ def palette_d2(images: np.ndarray) -> np.ndarray:
     return sum((channels[c] - _PALETTE[:, c, None, None]) ** 2 for c in range(3))  # (B, K + G, H, W)
 
 
-def _memberships(images: np.ndarray, tau: float, tau_full: float, sigma: float | None = None) -> np.ndarray:
-    """(B, H, W, 3) in [0, 255] → (B, K + G, H, W) soft membership in each palette colour: flat within
-    ``tau_full`` and cut off at ``tau``, or, with ``sigma``, the smooth Gaussian ``exp(−d²/(2σ²))``."""
-    d2 = palette_d2(images)
-    if sigma is not None:
-        return np.exp(-d2 / (2.0 * sigma**2))
-    return np.clip((tau**2 - d2) / (tau**2 - tau_full**2), 0.0, 1.0) ** 2
+def _memberships(images: np.ndarray, tau: float, tau_full: float) -> np.ndarray:
+    """(B, H, W, 3) in [0, 255] → (B, K + G, H, W) soft membership in each palette colour."""
+    return np.clip((tau**2 - palette_d2(images)) / (tau**2 - tau_full**2), 0.0, 1.0) ** 2
 
 
 def fidelity_components(
-    images: np.ndarray, prompts: Sequence[str], tau: float = TAU, tau_full: float = TAU_FULL,
-    *, sigma: float | None = None,
+    images: np.ndarray, prompts: Sequence[str], tau: float = TAU, tau_full: float = TAU_FULL
 ) -> dict[str, np.ndarray]:
     """``objects``, ``background`` and ``precision`` of each image against its prompt, each (B,) float64.
 
-    ``images``: (B, H, W, 3) RGB in [0, 255] (uint8 or float), H == W. ``sigma`` (RGB units) replaces the
-    thresholded colour membership by a Gaussian one (``tau`` and ``tau_full`` are then unused): the score then moves
-    with every small colour change, which is what makes it learnable (docs/toy_rl.md).
+    ``images``: (B, H, W, 3) RGB in [0, 255] (uint8 or float), H == W.
     """
     images = np.asarray(images, dtype=np.float64)
     if images.ndim != 4 or images.shape[-1] != 3 or images.shape[1] != images.shape[2]:
@@ -91,7 +84,7 @@ def fidelity_components(
     flat, counts, cell_of = _geometry(size)
     masks = templates(size).reshape(len(SHAPES), len(SIZES), 9, size * size)
 
-    m = _memberships(images, tau, tau_full, sigma).reshape(b_count, -1, size * size)  # (B, K + G, HW)
+    m = _memberships(images, tau, tau_full).reshape(b_count, -1, size * size)  # (B, K + G, HW)
     colors = np.concatenate([m[:, :_K], m[:, :_K].max(1, keepdims=True)], axis=1)  # (B, K + 1, HW)
     # One 2-D matmul each: numpy's stacked matmul can stall for seconds on a busy machine.
     colors = colors.reshape(b_count * (_K + 1), size * size)
