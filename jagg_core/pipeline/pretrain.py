@@ -54,9 +54,43 @@ def pretrain_toy(
         raise ValueError("pretrain.batch_size must be at least 2.")
     out_dir = Path(out_dir)
     exclude = frozenset(exclude)
-    transformer, text_encoder, tokenizer, geometry = build_toy_flux(
+    transformer, text_encoder, tokenizer, geometry = _build(params)
+    policy = ToyFluxPolicy(transformer, text_encoder, tokenizer, geometry, device="cpu", dtype=torch.float32)
+    text_encoder.train().requires_grad_(True)
+    transformer.train()
+    params_ = list(transformer.parameters()) + list(text_encoder.parameters())
+    opt = torch.optim.AdamW(params_, lr=cfg.lr, weight_decay=0.01)
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    shown = _Progress(cfg.steps, progress, report, report_every_s)
+    losses: list[float] = []
+    for step in range(cfg.steps):
+        captions, images = _batch(rng, cfg.batch_size, cfg.caption_noise, world.image_size, exclude)
+        # caption dropout: the empty prompt learns the unconditional model that guidance pushes away from
+        captions = ["" if rng.random() < cfg.caption_dropout else c for c in captions]
+        loss = _flow_matching_loss(policy, tokenizer, text_encoder, captions, images, gen, cfg)
+        for g in opt.param_groups:
+            g["lr"] = _lr_at(cfg, step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params_, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        shown.step(step, losses)
+    wall = shown.close()
+    card = _card(params, losses, wall, transformer, text_encoder, geometry)
+    transformer.eval()
+    text_encoder.eval()
+    _save_atomically(out_dir, transformer, text_encoder, tokenizer, geometry, card)
+    return card
+
+
+def _build(params: Params):
+    """The untrained `toy-flux` (transformer, text encoder, tokenizer, geometry) of ``params.pretrain``'s shape."""
+    cfg = params.pretrain
+    return build_toy_flux(
         vocabulary(),
-        image_size=world.image_size,
+        image_size=params.world.image_size,
         patch_size=cfg.patch_size,
         num_layers=cfg.num_layers,
         num_single_layers=cfg.num_single_layers,
@@ -69,62 +103,64 @@ def pretrain_toy(
         guidance_scale=cfg.guidance_scale,
         seed=cfg.seed,
     )
-    policy = ToyFluxPolicy(transformer, text_encoder, tokenizer, geometry, device="cpu", dtype=torch.float32)
-    text_encoder.train().requires_grad_(True)
-    transformer.train()
-    params_ = list(transformer.parameters()) + list(text_encoder.parameters())
-    opt = torch.optim.AdamW(params_, lr=cfg.lr, weight_decay=0.01)
 
-    def lr_at(step: int) -> float:  # linear warmup, cosine decay to 10%
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    bar = None
-    if progress:
-        from tqdm import tqdm
+def _lr_at(cfg, step: int) -> float:
+    """Linear warmup over ``cfg.warmup`` steps, then cosine decay to 10% of ``cfg.lr``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-        bar = tqdm(total=cfg.steps, desc="pretrain toy-flux", unit="step", dynamic_ncols=True)
-    t_start = last_report = time.perf_counter()
-    losses: list[float] = []
-    for step in range(cfg.steps):
-        captions, images = _batch(rng, cfg.batch_size, cfg.caption_noise, world.image_size, exclude)
-        # caption dropout: the empty prompt learns the unconditional model that guidance pushes away from
-        captions = ["" if rng.random() < cfg.caption_dropout else c for c in captions]
-        ids = tokenizer(captions, padding="max_length", max_length=cfg.max_text_length, truncation=True,
-                        return_tensors="pt").input_ids
-        enc = text_encoder(input_ids=ids)
-        x0 = policy.encode_images(images)  # (B, tokens, channels)
-        eps = torch.randn(x0.shape, generator=gen)
-        # logit-normal sigma as SD3; a positive mean weights the high-noise steps that decide the layout
-        sigma = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(x0.shape[0], generator=gen))
-        z = (1 - sigma[:, None, None]) * x0 + sigma[:, None, None] * eps
-        out = policy.predict(z, sigma * policy.num_train_timesteps, _embeds(enc))
-        # x0-prediction is fit in x0 space (the velocity loss weighted by σ², which keeps low noise from dominating)
-        loss = torch.nn.functional.mse_loss(out, x0 if policy.prediction == "x0" else eps - x0)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params_, 1.0)
-        opt.step()
-        losses.append(loss.item())
-        if bar is not None:
-            bar.update(1)
+
+def _flow_matching_loss(policy, tokenizer, text_encoder, captions, images, gen, cfg) -> torch.Tensor:
+    """One batch's rectified-flow loss; draws ε then σ from ``gen`` (in that order: the shipped base's bits)."""
+    ids = tokenizer(captions, padding="max_length", max_length=cfg.max_text_length, truncation=True,
+                    return_tensors="pt").input_ids
+    enc = text_encoder(input_ids=ids)
+    x0 = policy.encode_images(images)  # (B, tokens, channels)
+    eps = torch.randn(x0.shape, generator=gen)
+    # logit-normal sigma as SD3; a positive mean weights the high-noise steps that decide the layout
+    sigma = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(x0.shape[0], generator=gen))
+    z = (1 - sigma[:, None, None]) * x0 + sigma[:, None, None] * eps
+    out = policy.predict(z, sigma * policy.num_train_timesteps, _embeds(enc))
+    # x0-prediction is fit in x0 space (the velocity loss weighted by σ², which keeps low noise from dominating)
+    return torch.nn.functional.mse_loss(out, x0 if policy.prediction == "x0" else eps - x0)
+
+
+class _Progress:
+    """A terminal progress bar, or a line to ``report`` every ``every_s`` seconds (step, loss, time left)."""
+
+    def __init__(self, steps: int, bar: bool, report: Callable[[str], None] | None, every_s: float):
+        self.steps, self.report, self.every_s = steps, report, every_s
+        self.bar = None
+        if bar:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=steps, desc="pretrain toy-flux", unit="step", dynamic_ncols=True)
+        self.t_start = self.last = time.perf_counter()
+
+    def step(self, step: int, losses: list[float]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
             if step % 10 == 0:
-                bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
-        elif report is not None and (time.perf_counter() - last_report > report_every_s or step + 1 == cfg.steps):
-            last_report = time.perf_counter()
-            left = (last_report - t_start) / (step + 1) * (cfg.steps - step - 1)
-            report(f"pretrain toy-flux: step {step + 1}/{cfg.steps}  loss {np.mean(losses[-50:]):.4f}  "
-                   f"time left {int(left) // 60}:{int(left) % 60:02d}")
-    if bar is not None:
-        bar.close()
-    wall = time.perf_counter() - t_start
-    card = {
+                self.bar.set_postfix(loss=f"{np.mean(losses[-50:]):.4f}")
+        elif self.report is not None and (time.perf_counter() - self.last > self.every_s or step + 1 == self.steps):
+            self.last = time.perf_counter()
+            left = (self.last - self.t_start) / (step + 1) * (self.steps - step - 1)
+            self.report(f"pretrain toy-flux: step {step + 1}/{self.steps}  loss {np.mean(losses[-50:]):.4f}  "
+                        f"time left {int(left) // 60}:{int(left) % 60:02d}")
+
+    def close(self) -> float:
+        """Closes the bar; the wall time in seconds since the start."""
+        if self.bar is not None:
+            self.bar.close()
+        return time.perf_counter() - self.t_start
+
+
+def _card(params: Params, losses: list[float], wall: float, transformer, text_encoder, geometry) -> dict:
+    cfg = params.pretrain
+    return {
         "backbone": "toy-flux",
         "steps": cfg.steps,
         "batch_size": cfg.batch_size,
@@ -138,12 +174,8 @@ def pretrain_toy(
         "text_encoder_parameters": sum(p.numel() for p in text_encoder.parameters()),
         "geometry": geometry,
         "pretrain": cfg.model_dump(),
-        "world": world.model_dump(),
+        "world": params.world.model_dump(),
     }
-    transformer.eval()
-    text_encoder.eval()
-    _save_atomically(out_dir, transformer, text_encoder, tokenizer, geometry, card)
-    return card
 
 
 def _embeds(enc):
