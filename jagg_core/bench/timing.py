@@ -120,96 +120,112 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
 
     Returns (one dict per cell: groups, per-group counts, totals, time; the primitive costs f0, f, b).
     """
-    dev = policy.device
-    step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
-    velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample, train=exp.train,
-                             scale=1.0, autocast=contextlib.nullcontext).velocity
-    n_batched = max(c.window for c in cells)
-    velocity_batch = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, exp.traj.train_steps[:n_batched],
-                                   sample=exp.sample, train=exp.train, scale=1.0,
-                                   autocast=contextlib.nullcontext).velocity_batch
-    optimizer = torch.optim.AdamW(list(policy.trainable_parameters()), lr=1e-12, weight_decay=0.0)  # zero grads: no change
-    plans: dict[str, tuple[ResolvedMethod, list[Group]]] = {}
-    results: dict[str, dict] = {}
-
-    def primitives() -> tuple[float, ...]:
-        return _primitives_once(policy, velocity, velocity_batch, n_batched)
-
-    def rollout_once() -> float:
-        """A rollout of the experience's images over all its steps, as the trainer samples (no velocities kept)."""
-        traj = exp.traj
-        t0 = _clock(dev)
-        rollout(policy, traj.prompts, list(range(len(traj.prompts))), exp.sample, seed=seed, iteration=1)
-        return _clock(dev) - t0
-
-    def optimizer_once() -> float:
-        """One AdamW step over every trainable parameter (gradients present, as after an update)."""
-        params = list(policy.trainable_parameters())
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        t0 = _clock(dev)
-        optimizer.step()
-        out = _clock(dev) - t0
-        zero_grads(policy)
-        return out
-
-    # Warm-up: each group once on its own, which also gives the per-group counts from GroupStats.
-    primitives()
-    rollout_once()
-    optimizer_once()
-    for i, cell in enumerate(cells):
-        m = bench_method(cell.variant, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
-        groups = update_groups(exp, m)
-        plans[cell.key] = (m, groups)
-        per_group = []
-        for g in groups:
-            zero_grads(policy)
-            per_group.append({"position": g.position, "mode": g.mode, "steps": len(g.steps),
-                              **_counts(run_update(policy, exp, m, [g]))})
-        results[cell.key] = {"key": cell.key, "variant": cell.variant, "mode": m.mode, "kind": m.variant,
-                             "anchors": m.anchors, "reuse": m.reuse_rollout_velocity, "window": cell.window,
-                             "jagg_frac": cell.jagg_frac, "per_group": per_group, "samples": [],
-                             "backward_seconds": []}
-        if progress:
-            progress(f"warm-up {i + 1}/{len(cells)} {cell.key}")
-
-    # Timed rounds: every cell once per round, in a shuffled order.
-    rng = random.Random(seed)
-    prim: dict[str, list[float]] = {name: [] for name in (*PRIMITIVES, "rollout", "optimizer_step")}
-    for r in range(repeats):
-        order = [c.key for c in cells] + ["primitives", "rollout", "optimizer"]
-        rng.shuffle(order)
-        for key in order:
-            if key == "primitives":
-                for name, x in zip(PRIMITIVES, primitives()):
-                    prim[name].append(x)
-                continue
-            if key == "rollout":
-                prim["rollout"].append(rollout_once())
-                continue
-            if key == "optimizer":
-                prim["optimizer_step"].append(optimizer_once())
-                continue
-            m, groups = plans[key]
-            zero_grads(policy)
-            t0 = _clock(dev)
-            stats = run_update(policy, exp, m, groups)
-            results[key]["samples"].append(_clock(dev) - t0)
-            results[key]["backward_seconds"].append(stats.backward_seconds)
-            results[key]["totals"] = _counts(stats)
-        zero_grads(policy)
-        if progress:
-            progress(f"round {r + 1}/{repeats}")
+    timer = _CellTimer(policy, exp, n_batched=max(c.window for c in cells), seed=seed)
+    timer.warm_up(cells, progress)
+    prim = timer.timed_rounds(cells, repeats, progress)
     out = []
     for cell in cells:
-        res = results[cell.key]
+        res = timer.results[cell.key]
         res["time"] = summarize(res.pop("samples"))
         res["backward_time"] = summarize(res.pop("backward_seconds"))
         out.append(res)
-    del optimizer
+    del timer.optimizer
     out_prim = {k: summarize(x) for k, x in prim.items()}
-    out_prim["batched_steps"] = n_batched
+    out_prim["batched_steps"] = timer.n_batched
     return out, out_prim
+
+
+class _CellTimer:
+    """What `time_cells` times: the cells' updates, the primitives (f0, f, b), a rollout and an optimizer step."""
+
+    def __init__(self, policy: Policy, exp: Experience, *, n_batched: int, seed: int):
+        self.policy, self.exp, self.n_batched, self.seed = policy, exp, n_batched, seed
+        self.dev = policy.device
+        step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
+        self.velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample,
+                                      train=exp.train, scale=1.0, autocast=contextlib.nullcontext).velocity
+        self.velocity_batch = make_step_fns(policy, exp.traj, exp.rows, exp.advantages,
+                                            exp.traj.train_steps[:n_batched], sample=exp.sample, train=exp.train,
+                                            scale=1.0, autocast=contextlib.nullcontext).velocity_batch
+        # lr 1e-12 on zero gradients: the step costs what it costs and changes nothing
+        self.optimizer = torch.optim.AdamW(list(policy.trainable_parameters()), lr=1e-12, weight_decay=0.0)
+        self.plans: dict[str, tuple[ResolvedMethod, list[Group]]] = {}
+        self.results: dict[str, dict] = {}
+
+    def primitives(self) -> tuple[float, ...]:
+        return _primitives_once(self.policy, self.velocity, self.velocity_batch, self.n_batched)
+
+    def rollout_once(self) -> float:
+        """A rollout of the experience's images over all its steps, as the trainer samples (no velocities kept)."""
+        traj = self.exp.traj
+        t0 = _clock(self.dev)
+        rollout(self.policy, traj.prompts, list(range(len(traj.prompts))), self.exp.sample, seed=self.seed,
+                iteration=1)
+        return _clock(self.dev) - t0
+
+    def optimizer_once(self) -> float:
+        """One AdamW step over every trainable parameter (gradients present, as after an update)."""
+        params = list(self.policy.trainable_parameters())
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        t0 = _clock(self.dev)
+        self.optimizer.step()
+        out = _clock(self.dev) - t0
+        zero_grads(self.policy)
+        return out
+
+    def warm_up(self, cells: Sequence[Cell], progress: Callable[[str], None] | None) -> None:
+        """Each group once on its own, which also gives the per-group counts from GroupStats."""
+        self.primitives()
+        self.rollout_once()
+        self.optimizer_once()
+        for i, cell in enumerate(cells):
+            m = bench_method(cell.variant, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
+            groups = update_groups(self.exp, m)
+            self.plans[cell.key] = (m, groups)
+            per_group = []
+            for g in groups:
+                zero_grads(self.policy)
+                per_group.append({"position": g.position, "mode": g.mode, "steps": len(g.steps),
+                                  **_counts(run_update(self.policy, self.exp, m, [g]))})
+            self.results[cell.key] = {"key": cell.key, "variant": cell.variant, "mode": m.mode, "kind": m.variant,
+                                      "anchors": m.anchors, "reuse": m.reuse_rollout_velocity,
+                                      "window": cell.window, "jagg_frac": cell.jagg_frac, "per_group": per_group,
+                                      "samples": [], "backward_seconds": []}
+            if progress:
+                progress(f"warm-up {i + 1}/{len(cells)} {cell.key}")
+
+    def timed_rounds(self, cells: Sequence[Cell], repeats: int,
+                     progress: Callable[[str], None] | None) -> dict[str, list[float]]:
+        """Every cell, the primitives, a rollout and an optimizer step once per round, in a shuffled order."""
+        rng = random.Random(self.seed)
+        prim: dict[str, list[float]] = {name: [] for name in (*PRIMITIVES, "rollout", "optimizer_step")}
+        for r in range(repeats):
+            order = [c.key for c in cells] + ["primitives", "rollout", "optimizer"]
+            rng.shuffle(order)
+            for key in order:
+                if key == "primitives":
+                    for name, x in zip(PRIMITIVES, self.primitives()):
+                        prim[name].append(x)
+                elif key == "rollout":
+                    prim["rollout"].append(self.rollout_once())
+                elif key == "optimizer":
+                    prim["optimizer_step"].append(self.optimizer_once())
+                else:
+                    self._time_update(key)
+            zero_grads(self.policy)
+            if progress:
+                progress(f"round {r + 1}/{repeats}")
+        return prim
+
+    def _time_update(self, key: str) -> None:
+        m, groups = self.plans[key]
+        zero_grads(self.policy)
+        t0 = _clock(self.dev)
+        stats = run_update(self.policy, self.exp, m, groups)
+        self.results[key]["samples"].append(_clock(self.dev) - t0)
+        self.results[key]["backward_seconds"].append(stats.backward_seconds)
+        self.results[key]["totals"] = _counts(stats)
 
 
 def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, f: float, b: float) -> float:
