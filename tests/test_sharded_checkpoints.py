@@ -47,7 +47,7 @@ def _local_bytes(tensors) -> int:
 def _worker(rank: int, folder: str) -> None:
     from diffusers import FluxTransformer2DModel
 
-    from jagg_core.trainer.checkpoint import load_sharded_state, save_sharded_checkpoint
+    from jagg_core.trainer.sharded import load_sharded_state, save_sharded_checkpoint
     from jagg_core.trainer.distributed import shard_transformer
 
     warnings.filterwarnings("ignore")

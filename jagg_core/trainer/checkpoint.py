@@ -10,12 +10,11 @@ folder (``.metadata`` and one ``__<rank>_0.distcp`` per rank) holding the traine
 state (``optim``) and the EMA (``ema``), each rank writing only its own shards, in parallel; no rank ever holds the
 full state. ``state.json`` and the manifest (which covers the ``dcp/`` files too) are the same as above. Such a
 checkpoint resumes on any number of processes (DCP reshards on load) and :meth:`Checkpoint.tensors` reads it back as
-full tensors in one process (for ``jagg export``).
+full tensors in one process (for ``jagg export``); writing and loading it is :mod:`jagg_core.trainer.sharded`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -24,7 +23,6 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,7 +34,7 @@ from safetensors.torch import save as st_save
 from ..errors import UserError
 from ..pipeline.faults import fault
 from ..pipeline.storage import atomic_write_text, replace_dir
-from .distributed import gather_objects
+from .distributed import gather_objects, process_group
 
 __all__ = [
     "Checkpoint",
@@ -45,17 +43,15 @@ __all__ = [
     "latest_checkpoint",
     "latest_checkpoint_together",
     "list_checkpoints",
-    "load_sharded_state",
     "load_tensors",
     "save_checkpoint",
-    "save_sharded_checkpoint",
     "verify_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^checkpoint-(\d{6})$")
-_DCP = "dcp"  # the torch.distributed.checkpoint folder of a sharded checkpoint
-_DCP_KEYS = {"trainable": "model", "ema": "ema"}  # Checkpoint.tensors(name) → the DCP state-dict entry
+DCP_DIR = "dcp"  # the torch.distributed.checkpoint folder of a sharded checkpoint
+DCP_KEYS = {"trainable": "model", "ema": "ema"}  # Checkpoint.tensors(name) → the DCP state-dict entry
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -84,18 +80,22 @@ class Checkpoint:
     @property
     def sharded(self) -> bool:
         """Written by sharded (FSDP2) training as a torch.distributed.checkpoint folder."""
-        return (self.path / _DCP).is_dir()
+        return (self.path / DCP_DIR).is_dir()
 
     def has(self, name: str) -> bool:
         """Whether the checkpoint holds the tensors ``name`` (``trainable`` always; ``ema`` when training kept one)."""
         if self.sharded:
-            return any(k.startswith(_DCP_KEYS[name] + ".") for k in _dcp_tensor_metadata(self.path / _DCP))
+            from .sharded import dcp_tensor_metadata
+
+            return any(k.startswith(DCP_KEYS[name] + ".") for k in dcp_tensor_metadata(self.path / DCP_DIR))
         return (self.path / f"{name}.safetensors").exists()
 
     def tensors(self, name: str = "trainable") -> dict[str, torch.Tensor]:
         """The full tensors ``name`` (``trainable`` or ``ema``) by parameter name, on the CPU, in one process."""
         if self.sharded:
-            return _read_full_tensors(self.path / _DCP, _DCP_KEYS[name])
+            from .sharded import read_full_tensors
+
+            return read_full_tensors(self.path / DCP_DIR, DCP_KEYS[name])
         return load_tensors(self.path / f"{name}.safetensors")
 
     def optimizer_state(self) -> dict[str, Any]:
@@ -174,189 +174,6 @@ def save_checkpoint(
     return Checkpoint(final, iteration)
 
 
-def _dcp_tensor_metadata(folder: Path) -> dict[str, Any]:
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
-    return {k: m for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
-
-
-def _read_full_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Every tensor under ``prefix`` of a DCP folder, assembled from all ranks' shards (one process, no group)."""
-    import torch.distributed.checkpoint as dcp
-
-    meta = {k: m for k, m in _dcp_tensor_metadata(folder).items() if k.startswith(prefix + ".")}
-    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
-    if full:
-        with _single_process_quietly():
-            dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    return {k[len(prefix) + 1:]: v for k, v in full.items()}
-
-
-@contextlib.contextmanager
-def _single_process_quietly():
-    """DCP warns that it assumes one process when no process group exists: here that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
-
-
-def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable parameters by name, as they are held (DTensor shards under FSDP2): no copy, no gather."""
-    return {n: p.detach() for n, p in module.named_parameters() if p.requires_grad}
-
-
-def _dist():
-    import torch.distributed as dist
-
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _on_main(fn, *args):
-    """Run ``fn`` on rank 0 and give every rank its result; an exception there is raised on every rank."""
-    dist = _dist()
-    rank = dist.get_rank() if dist else 0
-    box: list[Any] = [None]
-    if rank == 0:
-        try:
-            box = [("ok", fn(*args))]
-        except OSError as e:
-            box = [("error", f"{e.strerror or e}")]
-        except Exception as e:  # noqa: BLE001  (any failure here must reach every rank, or they wait forever)
-            box = [("error", str(e) or type(e).__name__)]
-    if dist:
-        dist.broadcast_object_list(box, src=0)
-    kind, value = box[0]
-    if kind == "error":
-        raise CheckpointError(value)
-    return value
-
-
-def save_sharded_checkpoint(
-    root: str | os.PathLike,
-    iteration: int,
-    *,
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    state: Mapping[str, Any],
-    ema: Mapping[str, torch.Tensor] | None = None,
-    keep: int = 2,
-) -> Checkpoint:
-    """Write ``checkpoint-<iteration>`` of sharded training under ``root``: a collective, every rank calls it.
-
-    Every rank writes its own shards of the trained weights, the optimizer state and the EMA into one
-    torch.distributed.checkpoint folder, in parallel and without gathering anything; rank 0 then writes ``state.json``
-    and the manifest and renames the folder into place. ``root`` must be a path every process (every machine) sees.
-    The same guarantees as :func:`save_checkpoint`: non-finite weights are refused, an error leaves earlier checkpoints
-    untouched and no partial folder, the newest ``keep`` are kept.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    root = Path(root)
-    dist = _dist()
-    weights = _trained(module)
-    local = [getattr(t, "_local_tensor", t) for t in weights.values()]
-    device = local[0].device if local else torch.device("cpu")  # NCCL reduces only tensors on the GPU
-    bad = torch.tensor([float(any(t.is_floating_point() and not torch.isfinite(t).all() for t in local))],
-                       device=device)
-    if dist:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if bad.item():
-        raise CheckpointError(f"refusing to save checkpoint {iteration}: a trained parameter is not finite.")
-    final = root / f"checkpoint-{iteration:06d}"
-    tmp = root / f".tmp-{final.name}-sharded"  # the same folder on every rank: each writes its own files into it
-    rank = dist.get_rank() if dist else 0
-
-    def start() -> None:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / _DCP).mkdir(parents=True)
-
-    def own_files() -> dict[str, Any]:
-        """This rank's shard files (rank 0: and the metadata) with their sizes and checksums: hashed in parallel."""
-        try:
-            files = sorted((tmp / _DCP).glob(f"__{rank}_*.distcp"))
-            if rank == 0:
-                files.append(tmp / _DCP / ".metadata")
-            return {str(f.relative_to(tmp)): {"bytes": f.stat().st_size, "sha256": file_sha256(f)} for f in files}
-        except OSError as e:
-            return {"error": f"{e.strerror or e}"}
-
-    def finish(entries: list[dict[str, Any]]) -> None:
-        text = json.dumps({"iteration": iteration, "format": "dcp", "world_size": dist.get_world_size() if dist else 1,
-                           **state}, indent=2, default=str) + "\n"
-        atomic_write_text(tmp / "state.json", text)
-        manifest = {k: v for e in entries for k, v in e.items()}
-        manifest["state.json"] = {"bytes": (tmp / "state.json").stat().st_size, "sha256": file_sha256(tmp / "state.json")}
-        atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
-        replace_dir(tmp, final)
-        for old in list_checkpoints(root, check=False)[:-keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
-
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        _on_main(start)
-        entries: dict[str, Any] = {"model": weights, "optim": get_optimizer_state_dict(module, optimizer)}
-        if ema is not None:
-            entries["ema"] = dict(ema)
-        try:
-            dcp.save(entries, storage_writer=dcp.FileSystemWriter(tmp / _DCP, sync_files=True))
-            fault("checkpoint", iteration)  # reliability tests: killed (or out of space) after the shards
-        except (Exception, CheckpointException) as e:  # noqa: BLE001  (DCP re-raises any rank's failure everywhere)
-            raise CheckpointError(_reason(e)) from None
-        hashed = gather_objects(own_files())
-        problems = [h["error"] for h in hashed if "error" in h]
-        if problems:
-            raise CheckpointError(problems[0])
-        _on_main(finish, hashed)
-    except CheckpointError as e:
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {iteration} under {root} ({e}); earlier checkpoints are "
-                              f"intact.") from None
-    return Checkpoint(final, iteration)
-
-
-def _reason(e: BaseException) -> str:
-    """What went wrong, in a few words: DCP's CheckpointException wraps each failed rank's exception."""
-    failures = getattr(e, "failures", None)
-    if failures:
-        e = next(iter(failures.values()))[0]
-    if isinstance(e, OSError):
-        return f"{e.strerror or e}"
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
-
-
-def load_sharded_state(
-    ckpt: Checkpoint,
-    module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    ema: dict[str, torch.Tensor] | None = None,
-) -> None:
-    """Load a sharded checkpoint into ``module``'s trainable parameters, ``optimizer`` and ``ema`` (in place; a
-    collective); each rank reads only the shards it holds, whatever the number of processes that wrote it."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-    weights = _trained(module)
-    # The parameters themselves (detached views, DTensor shards under FSDP2) are the load targets: read in place.
-    entries: dict[str, Any] = {"model": weights, "optim": get_optimizer_state_dict(module, optimizer)}
-    if ema is not None and ckpt.has("ema"):
-        entries["ema"] = ema
-    try:
-        with _single_process_quietly():
-            dcp.load(entries, storage_reader=dcp.FileSystemReader(ckpt.path / _DCP), no_dist=_dist() is None)
-    except (Exception, CheckpointException) as e:  # noqa: BLE001
-        raise CheckpointError(f"{ckpt.path} could not be loaded into this run ({_reason(e)}); it was written for "
-                              f"other parameters or is damaged: move it aside to resume from an earlier one.") from None
-    set_optimizer_state_dict(module, optimizer, entries["optim"])
-
-
 def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
     """None if the checkpoint folder is complete and matches its manifest, else what is wrong.
 
@@ -425,7 +242,7 @@ def list_checkpoints(root: str | os.PathLike, *, check: bool = True) -> list[Che
 def latest_checkpoint_together(root: str | os.PathLike) -> Checkpoint | None:
     """:func:`latest_checkpoint` as a collective: rank 0's listing, every rank hashing its share of each candidate's
     files (a 190 GB checkpoint is read once, in parallel); every rank gets the same answer."""
-    dist = _dist()
+    dist = process_group()
     if not dist:
         return latest_checkpoint(root)
     root = Path(root)

@@ -88,6 +88,11 @@ class Fsdp2Sync(GradSync):
         self.module.set_requires_gradient_sync(bool(last and self.final_group))
 
 
+def process_group():
+    """``torch.distributed`` when a process group is initialised, else None (one process)."""
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
 def gather_objects(obj: object) -> list:
     """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` without a process group."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -32,8 +32,8 @@ from ..pipeline.redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed, image_grid
 from ..pipeline.storage import FolderLock, atomic_write_text, read_prompts
-from .checkpoint import (CheckpointError, latest_checkpoint_together, list_checkpoints, load_sharded_state,
-                         recover_leftovers, save_checkpoint, save_sharded_checkpoint)
+from .checkpoint import CheckpointError, latest_checkpoint_together, list_checkpoints, recover_leftovers, save_checkpoint
+from .sharded import load_sharded_state, save_sharded_checkpoint
 from .distributed import GradSync, make_grad_sync, shard_transformer
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
 from .curve import TsvCurve
