@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from jagg_core.advantages import group_advantages  # noqa: E402
 from jagg_core.pipeline.build import policy_from_params, reward_from_params  # noqa: E402
-from jagg_core.pipeline.config import load_params  # noqa: E402
+from jagg_core.pipeline.params_io import load_params  # noqa: E402
 from jagg_core.pipeline.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
 from jagg_core.pipeline.storage import read_prompts  # noqa: E402

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.pipeline.paths import Layout, run_name
     from jagg_core.trainer.loop import train

@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.pipeline.config import Params, ParamsError, load_params, parse_yaml
+from jagg_core.pipeline.config import Params, ParamsError
+
+from jagg_core.pipeline.params_io import load_params, parse_yaml
 from jagg_core.errors import UserError
 from jagg_core.pipeline.paths import Layout
 
@@ -156,7 +158,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
-    sentence, see :func:`jagg_core.pipeline.config.parse_yaml`)."""
+    sentence, see :func:`jagg_core.pipeline.params_io.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

@@ -37,7 +37,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from jagg_core.pipeline.config import Params, load_params
+from jagg_core.pipeline.config import Params
+
+from jagg_core.pipeline.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
 __all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "render_table",

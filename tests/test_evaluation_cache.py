@@ -10,7 +10,7 @@ import torch
 
 
 def _generate(root, prompts, **overrides):
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.evaluation.evaluate import evaluate_step
     from jagg_core.pipeline.paths import Layout
 

@@ -35,7 +35,7 @@ def test_a_second_writer_is_told_who_holds_the_lock_and_a_dead_holders_lock_is_t
 
 
 def test_training_a_run_that_another_process_trains_stops_before_any_work(ci_project):
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.trainer import train
 
     params = load_params(ci_project / "params.yaml", "ci", {"tracking.mlflow_uri": "sqlite:///m.db"})

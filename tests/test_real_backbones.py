@@ -447,7 +447,7 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     builds with the profile's own options (LoRA, fixed shift, CFG), a rollout follows its recipe and one update of
     its JAGG method runs through its routing."""
     from jagg_core.pipeline.build import policy_from_params
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout

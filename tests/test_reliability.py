@@ -15,7 +15,7 @@ import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
 from tasks.common import free_port
-from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.params_io import load_params
 from jagg_core.pipeline.paths import Layout
 from jagg_core.trainer import CheckpointError, TrainingError, latest_checkpoint, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors, save_checkpoint
@@ -303,7 +303,7 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
 
 def _log_many(args):
     uri, root, k = args
-    from jagg_core.pipeline.config import load_params as lp
+    from jagg_core.pipeline.params_io import load_params as lp
     from jagg_core.pipeline.tracking import Tracker
 
     params = lp(Path(root) / "params.yaml", "ci", {"tracking.mlflow_uri": uri, "tracking.retries": 10})

@@ -30,7 +30,7 @@ def drawing_base(tmp_path_factory):
     """
     import shutil
 
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
     from tasks.prepare import prepare
     from tasks.pretrain import pretrain
@@ -46,7 +46,7 @@ def drawing_base(tmp_path_factory):
 
 def _setup(root, overrides):
     from jagg_core.pipeline.build import policy_from_params, reward_from_params
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
     from jagg_core.pipeline.storage import read_prompts
 

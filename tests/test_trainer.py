@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
-from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.params_io import load_params
 from jagg_core.pipeline.paths import Layout
 from jagg_core.trainer import latest_checkpoint, train
 from jagg_core.trainer.checkpoint import load_tensors

@@ -109,7 +109,7 @@ def build_policy(spec: ModelSpec) -> Policy:
     """A fresh policy: random weights for the built-ins (speed does not depend on training), real ones for a profile."""
     if spec.kind == "profile":
         from ..pipeline.build import policy_from_params
-        from ..pipeline.config import load_params
+        from ..pipeline.params_io import load_params
         from ..pipeline.paths import Layout
 
         params = load_params(spec.params_path, spec.profile)

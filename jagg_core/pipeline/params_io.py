@@ -1,0 +1,182 @@
+"""Reading params: ``params.yaml`` and ``--set`` values as untrusted YAML, profiles merged, the tree validated.
+
+:func:`load_params` is what every entrypoint calls: it reads the file (one sentence when it is a folder, a symlink loop,
+not UTF-8 or absurdly large), parses it with the safe loader (duplicate keys refused, aliases bounded), deep-merges the
+active profile's overlay, applies dotted overrides and validates the result against the schema of
+:mod:`jagg_core.pipeline.config`; every failure is one :class:`~jagg_core.pipeline.config.ParamsError` sentence.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from .config import _NAME, Params, ParamsError
+
+__all__ = ["deep_merge", "load_params", "parse_yaml"]
+
+
+# Mappings that a profile replaces as a whole: a profile's reward mix is its own, not added to the default's.
+_REPLACED = {"reward.weights"}
+
+
+def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any], _path: str = "") -> dict[str, Any]:
+    """``overlay`` onto ``base``: mappings merge key by key (except :data:`_REPLACED`), anything else replaces."""
+    out = copy.deepcopy(dict(base))
+    for k, v in overlay.items():
+        path = f"{_path}{k}"
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping) and path not in _REPLACED:
+            out[k] = deep_merge(out[k], v, path + ".")
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ParamsError(f"override {dotted}: {k} is not a section.")
+    node[keys[-1]] = value
+
+
+def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[", "float", "tagged")))
+    more = f" ({len(exc.errors()) - 1} more problem(s) after this one)" if len(exc.errors()) > 1 else ""
+    if err["type"] == "extra_forbidden":
+        parent = loc.rsplit(".", 1)[0] if "." in loc else ""
+        model = Params
+        for part in parent.split(".") if parent else []:
+            field = model.model_fields.get(part)
+            ann = getattr(field, "annotation", None)
+            model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if model is None:
+                break
+        valid = f"; valid keys there: {', '.join(model.model_fields)}" if model is not None else ""
+        return f"{source}: unknown key '{loc}'{valid}{more}."
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "value_error" and isinstance(err.get("input"), Mapping):  # a whole-section check
+        return f"{source}: {loc + ': ' if loc else ''}{msg}{more}."
+    if "input" in err and err["type"] != "missing":
+        return f"{source}: {loc or 'params'} = {err['input']!r} is invalid: {msg}{more}."
+    return f"{source}: {loc} is invalid: {msg}{more}."
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.YAMLError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1})")
+        seen.add(key)
+    return loader.construct_mapping(node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+# A params tree is small; YAML aliases can make a tiny file expand to billions of nodes ("billion laughs") or loop.
+_MAX_FILE_BYTES = 16 << 20
+_MAX_NODES = 1_000_000
+
+
+def _read_params_file(path: Path) -> str:
+    """The text of a params file, or one sentence saying why it cannot be read (a folder, a symlink loop, not UTF-8,
+    unreadable, absurdly large)."""
+    try:
+        if path.stat().st_size > _MAX_FILE_BYTES:
+            raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
+    except IsADirectoryError:
+        raise ParamsError(f"{path} is a folder, not a params file; pass --params PATH/TO/params.yaml.") from None
+    except UnicodeDecodeError as e:
+        raise ParamsError(f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
+    except OSError as e:
+        raise ParamsError(f"{path} cannot be read ({e.strerror or e}); pass a readable params file.") from None
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML from an untrusted source (a params file, a ``--set`` value): the safe loader, duplicate keys refused,
+    aliases bounded; any failure is one :class:`ParamsError` sentence, never a traceback."""
+    try:
+        value = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        first = " ".join(str(e).split())[:200]
+        raise ParamsError(f"{source} is not valid YAML ({first}); fix the syntax or quote the value.") from None
+    except RecursionError:
+        raise ParamsError(f"{source} nests too deeply to be params; flatten it.") from None
+    _bounded(value, source)
+    return value
+
+
+def _bounded(tree: Any, source: str) -> None:
+    """Refuse a tree that refers to itself or expands (through shared YAML aliases) to more than :data:`_MAX_NODES`
+    nodes: validating it would never end."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: Any, depth: int) -> int:
+        if not isinstance(node, (dict, list, tuple)):
+            return 1
+        if id(node) in open_ or depth > 100:
+            raise ParamsError(f"{source} refers to itself or nests too deeply (a YAML alias loop?); write it out.")
+        if id(node) not in sizes:
+            open_.add(id(node))
+            children = node.values() if isinstance(node, dict) else node
+            sizes[id(node)] = 1 + sum(size(c, depth + 1) for c in children)
+            open_.discard(id(node))
+        if sizes[id(node)] > _MAX_NODES:
+            raise ParamsError(f"{source} expands to more than {_MAX_NODES:,} values (YAML aliases?); write it out.")
+        return sizes[id(node)]
+
+    size(tree, 0)
+
+
+def load_params(
+    path: str | os.PathLike = "params.yaml",
+    profile: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Params:
+    """Read ``params.yaml``, apply the profile overlay and dotted ``overrides``, validate.
+
+    The profile is, in order: the ``profile`` argument, ``$JAGG_PROFILE``, the file's ``profile`` key, ``toy``.
+    """
+    path = Path(path)
+    source = path.name
+    raw = parse_yaml(_read_params_file(path), source) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source} must be a mapping of sections, got {type(raw).__name__}.")
+    profiles = raw.pop("profiles", {}) or {}
+    if not isinstance(profiles, dict):
+        raise ParamsError(f"{source}: profiles must be a mapping of profile name -> overlay.")
+    name = profile or os.environ.get("JAGG_PROFILE") or raw.get("profile") or "toy"
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ParamsError(f"profile name {name!r} must match [a-z0-9][a-z0-9_-]* (it names folders).")
+    if name not in profiles and name != raw.get("profile", "toy"):
+        raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
+    overlay = profiles.get(name) or {}
+    if not isinstance(overlay, dict):
+        raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")
+    tree = deep_merge(raw, overlay)
+    tree["profile"] = name
+    for dotted, value in (overrides or {}).items():
+        _bounded(value, f"override {dotted}")
+        _set_dotted(tree, dotted, value)
+    try:
+        return Params.model_validate(tree)
+    except ValidationError as e:
+        raise ParamsError(_describe(e, f"{source} (profile {name})", tree)) from None
