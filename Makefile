@@ -24,11 +24,17 @@ setup: $(VENV)/.installed
 run: setup
 	$(BIN)/jagg run --profile toy
 
+# The suite runs in $(TEST_WORKERS) worker processes (pytest-xdist), each test file in one worker (its module
+# fixtures built once), torch single-threaded in each (two workers use both cores of a 2-core machine without
+# oversubscribing them).
+TEST_WORKERS ?= 2
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
 test: setup
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 test-fast: setup
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 repro: setup
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
