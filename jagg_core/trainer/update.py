@@ -89,8 +89,9 @@ def make_step_fns(
 ) -> StepFns:
     """The :class:`StepFns` of the group ``steps`` for the image rows ``images``.
 
-    ``kl_ref``: also report ``kl_ref``, KL(policy ‖ reference) of each step (the β term's KL, :func:`kernel_kl`), under
-    no_grad from one reference forward on the step's stored inputs (none more when β > 0: it is the β term's KL);
+    ``kl_ref``: also report ``kl_ref``, KL(policy ‖ reference) of the group's two endpoint steps (the steps whose
+    graphs JAGG keeps, the same steps whatever the method; the β term's KL, :func:`kernel_kl`), under no_grad from one
+    reference forward on the step's stored inputs (none more when β > 0: then every step's β-term KL is reported);
     that forward's seconds are appended to ``kl_ref_seconds`` when β = 0 (the trainer keeps them out of the update's
     time, which the methods' speed comparison reads).
     """
@@ -122,7 +123,8 @@ def make_step_fns(
         res = sde_step_with_logprob(z, v, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
                                     noise_level=sample.noise_level, kind=sample.sde_kind, prev_sample=nxt)
         ref_mean = None
-        if train.beta > 0 or kl_ref:
+        kl_here = kl_ref and (train.beta > 0 or j in (0, len(steps) - 1))
+        if train.beta > 0 or kl_here:
             t0 = _clock(z)
             with torch.no_grad(), policy.reference():
                 zz, t = inputs(j)
@@ -136,7 +138,7 @@ def make_step_fns(
         out = ppo_step_loss(res.log_prob, traj.log_probs[images, step].to(device), adv, clip_range=train.clip_range,
                             mean=res.mean, ref_mean=ref_mean, std=res.std, beta=train.beta)
         extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
-        if kl_ref:
+        if kl_here:
             extras["kl_ref"] = out.kl if train.beta > 0 else kernel_kl(res.mean.detach(), ref_mean, res.std)
         return out.loss * scale, extras
 
@@ -163,8 +165,8 @@ def accumulate_gradients(
 ) -> UpdateStats:
     """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
 
-    With ``train.kl_ref`` and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze) every step
-    also reports ``kl_ref`` (:func:`make_step_fns`).
+    With ``train.kl_ref`` and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze) each group's
+    endpoint steps also report ``kl_ref`` (:func:`make_step_fns`).
 
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
     the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
