@@ -191,8 +191,8 @@ class TrainConfig(_Section):
     adv_eps: float = Field(1e-4, ge=0, description="added to the group std")
     global_std: bool = Field(True, description="normalise advantages by the batch std instead of the group's")
     beta: float = Field(0.0, ge=0, description="KL coefficient (needs LoRA or a reference copy)")
-    kl_ref: bool = Field(True, description="log train/kl_ref, KL(policy || reference) of the trained steps, even at "
-                         "beta 0 (one no-grad reference forward per trained step; full fine-tunes keep a frozen copy)")
+    kl_ref: bool = Field(True, description="log train/kl_ref, KL(policy || reference) at each group's two endpoint "
+                         "steps, even at beta 0 (a no-grad reference forward each; a full fine-tune keeps a frozen copy)")
     inner_epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     optimizer_steps_per_epoch: int = Field(1, ge=1, description="optimizer steps per pass (batch split evenly)")
     micro_batch: int = Field(64, ge=1, description="images per forward in the update, per process")
