@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["PpoStepLoss", "ppo_step_loss"]
+__all__ = ["PpoStepLoss", "kernel_kl", "ppo_step_loss"]
 
 
 class PpoStepLoss(NamedTuple):
@@ -20,6 +20,15 @@ class PpoStepLoss(NamedTuple):
     kl: torch.Tensor  # () detached KL to the reference (0 without one)
     approx_kl: torch.Tensor  # () detached ½·mean((log_prob − old_log_prob)²)
     clipfrac: torch.Tensor  # () detached fraction of samples with |ratio − 1| > clip_range
+
+
+def kernel_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """() KL(N(μ_θ, std²) ‖ N(μ_ref, std²)) of one step, averaged over images and dimensions: the β term's KL and
+    ``train/kl_ref``'s estimate. Samples whose step has zero noise (``std`` 0) have no density and add 0."""
+    dims = tuple(range(1, mean.ndim))
+    sq = ((mean - ref_mean.detach()) ** 2).mean(dim=dims, keepdim=True)
+    noiseless = std == 0
+    return torch.where(noiseless, torch.zeros_like(sq), sq / (2.0 * torch.where(noiseless, 1.0, std) ** 2)).mean()
 
 
 def ppo_step_loss(
@@ -53,8 +62,7 @@ def ppo_step_loss(
     if beta > 0:
         if mean is None or ref_mean is None or std is None:
             raise ValueError("beta > 0 needs mean, ref_mean and std for the KL term.")
-        dims = tuple(range(1, mean.ndim))
-        kl = (((mean - ref_mean.detach()) ** 2).mean(dim=dims, keepdim=True) / (2.0 * std**2)).mean()
+        kl = kernel_kl(mean, ref_mean, std)
         loss = policy_loss + beta * kl
     else:
         kl = policy_loss.new_zeros(())

@@ -12,8 +12,21 @@ Conventions (docs/architecture.md#conventions): ``z`` at noise level ``σ``, vel
   ``μ = z·(1 + s²·dt/(2σ)) + v·(1 + s²(1 − σ)/(2σ))·dt``, ``std = s·sqrt(−dt)``.
 - ``kind="dance_grpo"``: ``std = η·sqrt(σ − σ_next)`` with ``η = noise_level``,
   ``μ = z + dt·v − ½η²·score·dt`` with ``score = −(z − (1 − σ)(z − σv)) / σ²``.
-- ``noise_level = 0`` is the deterministic Euler (ODE) step ``z' = z + v·dt``; it has no density, so ``log_prob``
-  is returned as zeros and ``std`` as zeros.
+- ``kind="cps"``: coefficients-preserving sampling (CPS, arXiv:2509.05952), ``η = noise_level`` in [0, 1]:
+  ``x̂₀ = z − σv``, ``x̂₁ = z + (1 − σ)v``, ``std = σ_next·sin(ηπ/2)``,
+  ``μ = (1 − σ_next)·x̂₀ + sqrt(σ_next² − std²)·x̂₁`` (``= σ_next·cos(ηπ/2)·x̂₁``, computed so); the next latent keeps
+  the flow's coefficients: ``(1 − σ_next)`` on the clean sample, ``σ_next`` in total on noise.
+- ``noise_level = 0`` is the deterministic Euler (ODE) step ``z' = z + v·dt`` (CPS at η = 0 is the same step); it
+  has no density, so ``log_prob`` is returned as zeros and ``std`` as zeros. So is any sample whose step has zero
+  noise: CPS's last step (``σ_next = 0``, where ``z'`` is the predicted clean sample): log-prob 0, PPO ratio 1.
+
+The log-probability is the true Gaussian log-density for every kind, CPS included. CPS's authors drop every
+constant of theirs, the ``1/(2·std²)`` factor too (``−‖z' − μ‖²`` averaged). ``std`` does not depend on θ, so in the
+ratio of the current to the rollout's density at one step ``−log std − ½·log 2π`` cancels; ``1/(2·std²)`` does
+not: it scales the log-ratio, so their ratio is ours raised to the power ``2·std²`` — a different trust region per
+step (PPO's clip acts on ``2·std²``·log-ratio), with step weights in the gradient rescaled by ``2·std²``, and the KL
+of the loss and of ``train/kl_ref`` no longer a KL. Keeping the density makes the ratio, ``approx_kl``, the KL and
+the clip range mean the same thing whatever the SDE, and the first ratio is exactly 1 as for the other kinds.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ import torch
 
 __all__ = ["SdeStep", "randn", "sde_step_with_logprob", "SDE_KINDS"]
 
-SDE_KINDS = ("flow_grpo", "dance_grpo")
+SDE_KINDS = ("flow_grpo", "dance_grpo", "cps")
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -79,8 +92,8 @@ def sde_step_with_logprob(
         z: (B, ...) current latent; treated as a fixed sample (no gradient flows into it by design).
         v: (B, ...) velocity ``v_θ(z, t)``; gradients of ``log_prob`` and ``mean`` flow into it.
         sigma, sigma_next: floats or (B,) tensors with ``0 ≤ sigma_next < sigma ≤ 1``.
-        noise_level: Flow-GRPO's ``a`` or DanceGRPO's ``η``; 0 gives the ODE step.
-        kind: ``"flow_grpo"`` or ``"dance_grpo"``.
+        noise_level: Flow-GRPO's ``a``, DanceGRPO's ``η`` or CPS's ``η`` (at most 1); 0 gives the ODE step.
+        kind: ``"flow_grpo"``, ``"dance_grpo"`` or ``"cps"``.
         prev_sample: (B, ...) a stored next latent to score instead of sampling.
         generator: RNG for the sampled noise, or one generator per sample (as diffusers' ``randn_tensor``), which
             makes each sample's noise independent of how samples are batched or split over processes.
@@ -89,6 +102,9 @@ def sde_step_with_logprob(
         raise ValueError(f"kind must be one of {SDE_KINDS}, got {kind!r}.")
     if noise_level < 0:
         raise ValueError(f"noise_level must be non-negative, got {noise_level}.")
+    if kind == "cps" and noise_level > 1:
+        raise ValueError(f"noise_level of the cps SDE must be in [0, 1] (std = sigma_next·sin(noise_level·π/2)), "
+                         f"got {noise_level}.")
     if z.shape != v.shape:
         raise ValueError(f"z and v must have the same shape, got {tuple(z.shape)} and {tuple(v.shape)}.")
     # Upcast to avoid precision issues: the log-density of a near-deterministic step is a small difference of
@@ -111,11 +127,17 @@ def sde_step_with_logprob(
         s = noise_level * torch.sqrt(sig / denom)  # diffusion coefficient
         mean = z_ * (1.0 + s**2 * dt / (2.0 * sig)) + v_ * (1.0 + s**2 * (1.0 - sig) / (2.0 * sig)) * dt
         std = s * torch.sqrt(-dt)
-    else:
+    elif kind == "dance_grpo":
         x0 = z_ - sig * v_  # predicted clean sample
         score = -(z_ - (1.0 - sig) * x0) / sig**2
         mean = z_ + dt * v_ - 0.5 * noise_level**2 * score * dt
         std = noise_level * torch.sqrt(-dt)
+    else:  # cps
+        x0 = z_ - sig * v_  # predicted clean sample x̂₀
+        x1 = z_ + (1.0 - sig) * v_  # predicted noise x̂₁
+        angle = noise_level * math.pi / 2
+        std = sig_next * math.sin(angle)
+        mean = x0 * (1.0 - sig_next) + x1 * (sig_next * math.cos(angle))
 
     if prev_sample is None:
         noise = randn(z_.shape, generator, dtype=dtype, device=z.device)
@@ -125,6 +147,10 @@ def sde_step_with_logprob(
             raise ValueError(f"prev_sample must have shape {tuple(z.shape)}, got {tuple(prev_sample.shape)}.")
         sample = prev_sample.detach().to(dtype)
 
-    log_prob = -((sample - mean) ** 2) / (2.0 * std**2) - torch.log(std) - _LOG_SQRT_2PI
+    # A sample whose step has no noise (CPS at sigma_next = 0) has no density: log-prob 0, as the ODE step's.
+    noiseless = std == 0
+    safe = torch.where(noiseless, torch.ones_like(std), std)
+    log_prob = -((sample - mean) ** 2) / (2.0 * safe**2) - torch.log(safe) - _LOG_SQRT_2PI
+    log_prob = torch.where(noiseless, torch.zeros_like(log_prob), log_prob)
     log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))  # (B,)
     return SdeStep(sample, log_prob, mean, std)

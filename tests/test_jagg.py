@@ -169,7 +169,7 @@ def test_plan_groups_refuses_bad_arguments(kwargs):
 # --- Theorem 1 ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["flow_grpo", "dance_grpo"])
+@pytest.mark.parametrize("kind", ["flow_grpo", "dance_grpo", "cps"])
 @pytest.mark.parametrize("variant", ["joint", "sequential"])
 def test_theorem1_jagg_is_exact_for_affine_velocity_on_the_segment(kind, variant):
     model = AffineVelocity()

@@ -88,6 +88,7 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     index = (root / "reports/ci/index.html").read_text()
     images = re.findall(r'src="([^"]+)"', index)
     assert "grid.png" in images and "reward.png" in images
+    assert {"kl_ref.png", "group_std-toy_fidelity.png", "zero_std_frac-toy_fidelity.png"} <= set(images)
     for src in images:
         assert (root / "reports/ci" / src).is_file(), src
     assert "jagg" in (root / "reports/ci/README.md").read_text()
@@ -95,7 +96,8 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     runs = _mlflow_runs(root, "jagg-ci")
     for method in ("baseline", "jagg"):
         r = runs[f"{method}-s0"]
-        assert {"reward/mean", "time/update", "train/backward_calls", "eval/toy_fidelity"} <= set(r["metrics"])
+        assert {"reward/mean", "time/update", "train/backward_calls", "eval/toy_fidelity", "train/kl_ref",
+                "reward/toy_fidelity/group_std", "reward/toy_fidelity/zero_std_frac"} <= set(r["metrics"])
         assert r["tags"]["method"] == method and r["tags"]["dvc_stage"].startswith("evaluate@")
     assert _stale(root) == set()
 

@@ -41,7 +41,7 @@ def _weights_digest(tensors) -> str:
 
 
 # Columns logged since the reference was recorded; they add information and change no other number.
-ADDED_SINCE: set[str] = {"reward/toy_background/group_std", "reward/toy_background/zero_std_frac"}
+ADDED_SINCE: set[str] = {"reward/toy_background/group_std", "reward/toy_background/zero_std_frac", "train/kl_ref"}
 
 
 def _curve_digest(path: Path) -> str:

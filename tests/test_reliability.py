@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -222,6 +223,16 @@ def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci
     history = tracker.client.get_metric_history(run_id, "reward/mean")
     assert sorted(m.step for m in history) == [1, 2]
     assert len((Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()) == 3
+    # The diagnostics practitioners watch, read back from the store (this run's, no other training): the KL to the
+    # reference at beta 0, and per reward the within-group spread and the share of groups with no spread.
+    assert params.train.beta == 0 and params.train.kl_ref
+    for key in ("train/kl_ref", "reward/jpeg_compressibility/group_std", "reward/jpeg_compressibility/zero_std_frac"):
+        values = {m.step: m.value for m in tracker.client.get_metric_history(run_id, key)}
+        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), key
+    kl = {m.step: m.value for m in tracker.client.get_metric_history(run_id, "train/kl_ref")}
+    assert kl[1] <= 1e-12 < kl[2]  # the policy is the reference until its first optimizer step (rounding aside)
+    assert all(0 <= m.value <= 1 for m in tracker.client.get_metric_history(
+        run_id, "reward/jpeg_compressibility/zero_std_frac"))
 
 
 

@@ -57,8 +57,10 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
         curve = tmp_path / "runs" / "rep" / run / "curve.tsv"
         curve.parent.mkdir(parents=True)
         update = 2.0 if method == "baseline" else 1.5
-        curve.write_text("iteration\ttime/update\ttime/iteration\treward/mean\n" +
-                         "".join(f"{i}\t{update + (i == 1)}\t3.0\t0.{i}\n" for i in range(1, 5)))
+        diag = "\ttrain/kl_ref\treward/toy_fidelity/group_std\treward/toy_fidelity/zero_std_frac"
+        curve.write_text("iteration\ttime/update\ttime/iteration\treward/mean" + diag + "\n" +
+                         "".join(f"{i}\t{update + (i == 1)}\t3.0\t0.{i}\t{0.001 * i}\t0.05\t0.25\n"
+                                 for i in range(1, 5)))
     summary = build_report(params, Layout(tmp_path, "rep"))
 
     written = json.loads((tmp_path / "reports" / "rep" / "summary.json").read_text())
@@ -73,6 +75,13 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
     assert pairs[("ablate", "jagg")]["diffs"] == pytest.approx([-0.06, -0.03])
     readme = (tmp_path / "reports" / "rep" / "README.md").read_text()
     assert "jagg − baseline" in readme and "(+0.1000)" in readme  # per-seed gain of baseline seed 0 over the base
+    # The diagnostics practitioners watch: one curve each, in the report (the reward without a column has none).
+    shown = {"train/kl_ref": "kl_ref.png", "reward/toy_fidelity/group_std": "group_std-toy_fidelity.png",
+             "reward/toy_fidelity/zero_std_frac": "zero_std_frac-toy_fidelity.png"}
+    assert {k: v for k, v in summary["figures"].items() if k in shown or "toy_preference" in k} == shown
+    for key, name in shown.items():
+        assert f"![{key}]({name})" in readme
+        assert (tmp_path / "reports" / "rep" / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_ones():

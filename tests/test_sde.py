@@ -9,7 +9,7 @@ import torch
 
 from jagg_core import sde_step_with_logprob
 
-KINDS = ["flow_grpo", "dance_grpo"]
+KINDS = ["flow_grpo", "dance_grpo", "cps"]
 
 
 def _inputs(shape=(4, 3, 5), seed=0, dtype=torch.float64):

@@ -49,11 +49,12 @@ def test_methods_train_and_count_their_passes(ci_project, method, backwards, gra
         for key in ("time/rollout", "time/reward", "time/update", "time/backward", "time/sync", "time/optimizer",
                     "time/logging", "time/checkpoint", "time/iteration", "train/loss", "train/approx_kl",
                     "train/clipfrac", "train/grad_norm", "reward/mean", "reward/std",
-                    "reward/jpeg_compressibility/mean"):
+                    "reward/jpeg_compressibility/mean", "train/kl_ref", "time/kl_ref",
+                    "reward/jpeg_compressibility/group_std", "reward/jpeg_compressibility/zero_std_frac"):
             assert key in h and h[key] == h[key], key
         assert h["time/backward"] < h["time/update"] < h["time/iteration"]
         # The phases are disjoint parts of the iteration (checkpointed every iteration in ci).
-        phases = ("rollout", "reward", "update", "sync", "optimizer", "fidelity", "logging", "checkpoint")
+        phases = ("rollout", "reward", "update", "sync", "optimizer", "fidelity", "kl_ref", "logging", "checkpoint")
         assert sum(h.get(f"time/{k}", 0.0) for k in phases) <= h["time/iteration"]
         assert h["time/checkpoint"] > 0
     assert any(k.startswith("jagg/cos_jagg/g") for k in res.history[0])  # fidelity monitor (every iteration in ci)

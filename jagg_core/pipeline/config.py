@@ -140,7 +140,8 @@ class PretrainConfig(_Section):
 class SampleConfig(_Section):
     num_steps: int = Field(12, ge=2, description="denoising steps T of a rollout")
     noise_level: float = Field(0.7, ge=0, description="SDE noise: Flow-GRPO's a or DanceGRPO's eta")
-    sde_kind: Literal["flow_grpo", "dance_grpo"] = Field("flow_grpo", description="SDE form")
+    sde_kind: Literal["flow_grpo", "dance_grpo", "cps"] = Field("flow_grpo", description="SDE form (cps: "
+                                                                "coefficients-preserving sampling, noise_level <= 1)")
     recipe: Literal["dance_grpo", "flow_grpo_fast", "mix_grpo"] = Field(
         "flow_grpo_fast", description="dance_grpo: SDE on all steps; flow_grpo_fast: SDE in a window drawn per "
         "rollout, ODE elsewhere; mix_grpo: SDE in a window that slides along the trajectory over training, ODE elsewhere"
@@ -160,6 +161,9 @@ class SampleConfig(_Section):
 
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
+        if self.sde_kind == "cps" and self.noise_level > 1:
+            raise ValueError(f"noise_level {self.noise_level} is above 1, the most the cps SDE takes (its std is "
+                             f"sigma_next·sin(noise_level·π/2))")
         lo, hi = self.sde_window_range
         if self.recipe in ("flow_grpo_fast", "mix_grpo") and not (0 <= lo < hi and hi - 1 + self.sde_window_size <= self.num_steps):
             raise ValueError(
@@ -181,6 +185,8 @@ class TrainConfig(_Section):
     adv_eps: float = Field(1e-4, ge=0, description="added to the group std")
     global_std: bool = Field(True, description="normalise advantages by the batch std instead of the group's")
     beta: float = Field(0.0, ge=0, description="KL coefficient (needs LoRA or a reference copy)")
+    kl_ref: bool = Field(True, description="log train/kl_ref, KL(policy || reference) at each group's two endpoint "
+                         "steps, even at beta 0 (a no-grad reference forward each; a full fine-tune keeps a frozen copy)")
     inner_epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     optimizer_steps_per_epoch: int = Field(1, ge=1, description="optimizer steps per pass (batch split evenly)")
     micro_batch: int = Field(64, ge=1, description="images per forward in the update, per process")

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from .config import Params
 from ..cost import ideal_speedup
 from .paths import Layout, run_name
+from .report_diagnostics import diagnostic_figures
 from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_stacked_bars
 from .storage import atomic_write_text
 
@@ -108,11 +109,12 @@ PHASES = (
     ("gradient sync", lambda x: x.get("time/sync", 0.0)),
     ("optimizer", lambda x: x.get("time/optimizer", 0.0)),
     ("fidelity monitor", lambda x: x.get("time/fidelity", 0.0)),
+    ("kl_ref reference", lambda x: x.get("time/kl_ref", 0.0)),
     ("logging", lambda x: x.get("time/logging", 0.0)),
     ("checkpoint", lambda x: x.get("time/checkpoint", 0.0)),
 )
 # What a user pays for beyond GRPO itself (rollout, reward and the update stage: forward, backward, sync, optimizer).
-OVERHEAD_PHASES = ("fidelity monitor", "logging", "checkpoint", "other")
+OVERHEAD_PHASES = ("fidelity monitor", "kl_ref reference", "logging", "checkpoint", "other")
 
 
 def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
@@ -212,6 +214,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     fid = fidelity_by_position(runs)
     if plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
         figures["fidelity"] = "fidelity.png"
+    figures.update(diagnostic_figures(params, runs, out))  # train/kl_ref, per-reward group_std and zero_std_frac
     grid_columns = comparison_grid(params, lay, runs, out / "grid.png")
     if grid_columns:
         figures["grid"] = "grid.png"
@@ -365,8 +368,8 @@ def _markdown(params: Params, summary: dict) -> str:
              "(measured − 1)/(ideal − 1).\n",
              "## Where an iteration's time goes (seconds, mean per iteration)\n",
              markdown_table(breakdown_rows(summary.get("iteration_breakdown", []))),
-             "Overhead = fidelity monitor + logging + checkpoint + other (what is neither rollout, reward nor the "
-             "update stage).\n"]
+             "Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (what is neither rollout, "
+             "reward nor the update stage).\n"]
     for key, name in summary["figures"].items():
         parts.append(f"## {key}\n\n![{key}]({name})\n")
     return "\n".join(parts)
@@ -396,7 +399,8 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 <h2>Speed per iteration</h2><div class="wide">{_html_table(_speed_rows(summary))}</div>
 <p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
 <h2>Where an iteration's time goes (seconds, mean per iteration)</h2><div class="wide">{_html_table(breakdown_rows(summary.get("iteration_breakdown", [])))}</div>
-<p>Overhead = fidelity monitor + logging + checkpoint + other (neither rollout, reward nor the update stage).</p>
+<p>Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (neither rollout, reward nor the
+update stage).</p>
 {figs}
 </body></html>
 """

@@ -112,6 +112,11 @@ class Policy(abc.ABC):
             return
         self._reference = copy.deepcopy(module).requires_grad_(False).eval()
 
+    def has_reference(self) -> bool:
+        """Whether :meth:`reference` has a reference to switch to (a frozen copy, or LoRA adapters to disable)."""
+        module = getattr(self.transformer, "module", self.transformer)
+        return getattr(self, "_reference", None) is not None or hasattr(module, "disable_adapter")
+
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
         """Within this context ``velocity`` is the frozen reference policy (for the KL term).

@@ -218,7 +218,7 @@ def _setup(params: Params, method_name: str, seed: int, root: Path, accelerator:
     torch.manual_seed(derive_seed(seed, accelerator.process_index))
 
     policy = policy_from_params(params, layout, accelerator.device)
-    if tcfg.beta > 0:  # the KL reference is the base model, frozen before any update or resume
+    if tcfg.beta > 0 or tcfg.kl_ref:  # the KL reference is the base model, frozen before any update or resume
         policy.keep_reference()
     if res.distributed == "fsdp" and world > 1:
         # FSDP2 warns at every forward that the transformer returns a view; the trainer never modifies its outputs in
@@ -460,12 +460,14 @@ def _optimizer_steps(r: _Run, it: int, step: int, traj: Trajectory, advantages, 
                 _step(r)
             r.optimizer.zero_grad(set_to_none=True)
             optimizer_time += time.perf_counter() - t2
-    metrics["time/update"] = time.perf_counter() - t0 - optimizer_time - sync_time
+    # train/kl_ref's reference forwards are a diagnostic, not the method's work: a phase of their own
+    metrics["time/update"] = time.perf_counter() - t0 - optimizer_time - sync_time - ustats.kl_ref_seconds
+    metrics["time/kl_ref"] = ustats.kl_ref_seconds
     metrics["time/backward"] = ustats.backward_seconds
     metrics["time/sync"] = sync_time
     metrics["time/optimizer"] = optimizer_time
     metrics["train/loss"] = ustats.loss
-    for key in ("policy_loss", "approx_kl", "clipfrac", "kl"):
+    for key in ("policy_loss", "approx_kl", "clipfrac", "kl", *(("kl_ref",) if tcfg.kl_ref else ())):
         metrics[f"train/{key}"] = _mean(ustats.extras.get(key, []))
     metrics["train/grad_norm"] = _mean(grad_norms)
     metrics["train/grad_forwards"] = ustats.grad_forwards

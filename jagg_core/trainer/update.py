@@ -9,6 +9,7 @@ number of processes. The trainer differs between methods only in the ``mode`` ha
 from __future__ import annotations
 
 import contextlib
+import time
 
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Sequence
@@ -18,13 +19,19 @@ import torch
 from ..pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
 from ..jagg import Group, group_backward, plan_groups
-from ..loss import ppo_step_loss
+from ..loss import kernel_kl, ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
 from .distributed import GradSync
 from .rollout import Trajectory
 
 __all__ = ["StepFns", "UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
+
+
+def _clock(like: torch.Tensor) -> float:
+    if like.is_cuda:  # kernels are asynchronous: wait for them so the time is the reference forward's own
+        torch.cuda.synchronize(like.device)
+    return time.perf_counter()
 
 
 @dataclass
@@ -36,6 +43,7 @@ class UpdateStats:
     forward_calls: int = 0
     backward_calls: int = 0
     backward_seconds: float = 0.0
+    kl_ref_seconds: float = 0.0  # the reference forwards of train/kl_ref alone (not part of any method's update)
     extras: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, other) -> None:
@@ -43,6 +51,7 @@ class UpdateStats:
         for k in ("loss", "grad_forwards", "nograd_forwards", "reused_velocities", "forward_calls", "backward_calls",
                   "backward_seconds"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
+        self.kl_ref_seconds += getattr(other, "kl_ref_seconds", 0.0)
         for k, v in other.extras.items():
             self.extras.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
@@ -75,8 +84,17 @@ def make_step_fns(
     train: TrainConfig,
     scale: float,
     autocast: Callable[[], object],
+    kl_ref: bool = False,
+    kl_ref_seconds: list[float] | None = None,
 ) -> StepFns:
-    """The :class:`StepFns` of the group ``steps`` for the image rows ``images``."""
+    """The :class:`StepFns` of the group ``steps`` for the image rows ``images``.
+
+    ``kl_ref``: also report ``kl_ref``, KL(policy ‖ reference) of the group's two endpoint steps (the steps whose
+    graphs JAGG keeps, the same steps whatever the method; the β term's KL, :func:`kernel_kl`), under no_grad from one
+    reference forward on the step's stored inputs (none more when β > 0: then every step's β-term KL is reported);
+    that forward's seconds are appended to ``kl_ref_seconds`` when β = 0 (the trainer keeps them out of the update's
+    time, which the methods' speed comparison reads).
+    """
     embeds = traj.image_embeds(images)
     n = len(images)
     device = policy.device
@@ -105,7 +123,9 @@ def make_step_fns(
         res = sde_step_with_logprob(z, v, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
                                     noise_level=sample.noise_level, kind=sample.sde_kind, prev_sample=nxt)
         ref_mean = None
-        if train.beta > 0:
+        kl_here = kl_ref and (train.beta > 0 or j in (0, len(steps) - 1))
+        if train.beta > 0 or kl_here:
+            t0 = _clock(z)
             with torch.no_grad(), policy.reference():
                 zz, t = inputs(j)
                 with autocast():
@@ -113,9 +133,13 @@ def make_step_fns(
                 ref_mean = sde_step_with_logprob(z, v_ref, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
                                                  noise_level=sample.noise_level, kind=sample.sde_kind,
                                                  prev_sample=nxt).mean
+            if train.beta == 0 and kl_ref_seconds is not None:
+                kl_ref_seconds.append(_clock(z) - t0)
         out = ppo_step_loss(res.log_prob, traj.log_probs[images, step].to(device), adv, clip_range=train.clip_range,
                             mean=res.mean, ref_mean=ref_mean, std=res.std, beta=train.beta)
         extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
+        if kl_here:
+            extras["kl_ref"] = out.kl if train.beta > 0 else kernel_kl(res.mean.detach(), ref_mean, res.std)
         return out.loss * scale, extras
 
     def middle_velocity(j: int):
@@ -141,18 +165,24 @@ def accumulate_gradients(
 ) -> UpdateStats:
     """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
 
+    With ``train.kl_ref`` and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze) each group's
+    endpoint steps also report ``kl_ref`` (:func:`make_step_fns`).
+
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
     the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
     """
     stats = UpdateStats()
     n_steps = sum(len(g.steps) for g in groups)
     local = len(rows)
+    kl_ref = train.kl_ref and policy.has_reference()
+    kl_seconds: list[float] = []
     micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
     for m, mb in enumerate(micro):
         for k, g in enumerate(groups):
             sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
             fns = make_step_fns(policy, traj, mb, advantages, g.steps, sample=sample, train=train,
-                                scale=len(mb) / local / n_steps, autocast=autocast)
+                                scale=len(mb) / local / n_steps, autocast=autocast, kl_ref=kl_ref,
+                                kl_ref_seconds=kl_seconds)
             gs = group_backward(
                 fns.velocity, fns.step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
                 anchors=method.anchors,
@@ -161,6 +191,7 @@ def accumulate_gradients(
                 before_backward=sync.before_backward,
             )
             stats.add(gs)
+    stats.kl_ref_seconds = sum(kl_seconds)
     return stats
 
 
