@@ -68,7 +68,7 @@ def test_method_overrides_apply_only_to_their_method():
         ("jagg: {window: 1}", "jagg.window = 1 is invalid: Input should be greater than or equal to 2."),
         ("jagg: {jagg_frac: 2}", "jagg.jagg_frac = 2 is invalid: jagg_frac must be a number in [0, 1] or 'auto'."),
         ("jagg: {jagg_frac: autos}", "jagg_frac must be a number in [0, 1] or 'auto'"),
-        ("model: {backbone: sdxl}", "unknown backbone; use one of flux, qwenimage, sd3, toy-flux."),
+        ("model: {backbone: sdxl}", "unknown backbone; use one of flux, qwenimage, sd3, toy-flux, wan."),
         ("reward: {weights: {hps: 1}}", "unknown reward 'hps'; use one of clipscore, hpsv2.1"),
         ("[1, 2", "params.yaml is not valid YAML"),
         ("- 1\n- 2\n", "params.yaml must be a mapping of sections"),

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # The registries' names, known without importing them (tests check these equal the registries).
-KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux")
+KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
                  "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
