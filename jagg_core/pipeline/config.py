@@ -268,6 +268,9 @@ class RewardConfig(_Section):
         "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
         "is not drowned by one with a large spread",
     )
+    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[int] = Field(
+        "all", description="which frames of a clip (video backbones) the image rewards score, averaged per clip: "
+        "first, last, all, a count N (evenly spaced) or a list of frame indices; images ignore it")
 
     @field_validator("weights", "options")
     @classmethod

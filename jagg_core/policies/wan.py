@@ -143,8 +143,9 @@ class WanPolicy(Policy):
         if self.do_cfg:  # conditional half first, then the negative prompt
             x, t = torch.cat([x, x]), torch.cat([t, t])
             text = torch.cat([text, embeds.tensors["negative_prompt_embeds"].to(self.device)])
-        out = self.transformer(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0].float()
-        if not self.do_cfg:  # (B or 2B, C, F', h, w); the guidance arithmetic is upcast
+        out = self.transformer(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        out = out.to(torch.promote_types(out.dtype, torch.float32))  # the guidance arithmetic upcast (float64 stays)
+        if not self.do_cfg:  # (B or 2B, C, F', h, w)
             return out
         cond, uncond = out.chunk(2)
         return uncond + self.guidance_scale * (cond - uncond)
