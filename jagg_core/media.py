@@ -4,8 +4,8 @@ bounded in size like the image grids; and :func:`log_samples`, which logs images
 - :func:`frame_strips`: clips ``(B, F, 3, H, W)`` → a PIL grid, one row per clip of at most ``STRIP_FRAMES`` evenly
   spaced frames, the prompt under the first, the frame indices as column titles; the grid's cells and long side are
   bounded by :func:`jagg_core.sampling.image_grid` (``GRID_CELL_MAX``, ``GRID_MAX_SIDE``).
-- :func:`clips_gif`: at most ``GIF_CLIPS`` clips side by side, every frame, each cell at most ``GIF_CELL`` pixels,
-  as GIF bytes (a few hundred kB at most).
+- :func:`clips_gif`: at most ``GIF_CLIPS`` clips side by side, at most ``GIF_FRAMES`` evenly spaced frames, each
+  cell at most ``GIF_CELL`` pixels, as GIF bytes (about 1 MB for noise, far less for real clips).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import torch
 
 from .sampling import image_grid, to_uint8
 
-__all__ = ["GIF_CELL", "GIF_CLIPS", "STRIP_FRAMES", "clips_gif", "frame_strips", "log_samples", "strip_frames"]
+__all__ = ["GIF_CELL", "GIF_CLIPS", "GIF_FRAMES", "STRIP_FRAMES", "clips_gif", "frame_strips", "log_samples", "strip_frames"]
 
 STRIP_FRAMES = 8  # frames shown per clip in a strip
 GIF_CLIPS = 4  # clips in the animated GIF
 GIF_CELL = 128  # px: the longest side of one clip in the GIF
+GIF_FRAMES = 25  # frames of the GIF (a 49-frame clip: every second one)
 
 
 def strip_frames(num_frames: int, count: int = STRIP_FRAMES) -> list[int]:
@@ -41,22 +42,24 @@ def frame_strips(clips: torch.Tensor, captions: Sequence[str] | None = None, *, 
                       caption_width=24)
 
 
-def clips_gif(clips: torch.Tensor, *, max_clips: int = GIF_CLIPS, cell: int = GIF_CELL, fps: int = 8) -> bytes:
+def clips_gif(clips: torch.Tensor, *, max_clips: int = GIF_CLIPS, cell: int = GIF_CELL,
+              max_frames: int = GIF_FRAMES, fps: int = 8) -> bytes:
     """The first ``max_clips`` clips (B, F, 3, H, W) side by side, looping, as GIF bytes."""
     from PIL import Image
 
-    clips = clips[:max_clips]
+    clips = clips[:max_clips, strip_frames(clips.shape[1], max_frames)].float()
     b, f, _, h, w = clips.shape
-    scale = min(1.0, cell / max(h, w)) if max(h, w) > cell else max(1, 64 // max(h, w))
+    scale = cell / max(h, w) if max(h, w) > cell else max(1, 64 // max(h, w))
     cw, ch = max(1, round(w * scale)), max(1, round(h * scale))
-    arr = to_uint8(clips.flatten(0, 1)).reshape(b, f, h, w, 3)
+    mode = "area" if cw < w else "nearest"
+    small = torch.nn.functional.interpolate(clips.flatten(0, 1), size=(ch, cw), mode=mode)  # (B·F, 3, ch, cw)
+    arr = to_uint8(small).reshape(b, f, ch, cw, 3)
     frames = []
     for j in range(f):
         canvas = Image.new("RGB", (b * (cw + 2) + 2, ch + 4), "white")
         for i in range(b):
-            canvas.paste(Image.fromarray(arr[i, j]).resize((cw, ch), Image.NEAREST if cw >= w else Image.LANCZOS),
-                         (2 + i * (cw + 2), 2))
-        frames.append(canvas)
+            canvas.paste(Image.fromarray(arr[i, j]), (2 + i * (cw + 2), 2))
+        frames.append(canvas.quantize(colors=255, method=Image.Quantize.FASTOCTREE))  # fast even on noise
     buf = io.BytesIO()
     frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
     return buf.getvalue()

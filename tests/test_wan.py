@@ -257,3 +257,68 @@ def test_bad_options_and_missing_weights_are_one_sentence(wan_dir, tmp_path):
         load(wan_dir, frames=5)
     with pytest.raises(PolicyError, match=r"does not exist; download Wan-AI/Wan2.1-T2V-1.3B-Diffusers"):
         load_policy("wan", str(tmp_path / "nowhere"))
+
+
+def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir, tmp_path):
+    """The wan profile on its tiny stand-in (16 px, 5 frames, 4 steps, 2 iterations, LoRA, a pixel reward on 3
+    frames): `train` logs frame strips and a GIF to a real MLflow store, and `jagg export` of its last checkpoint,
+    loaded by WanPipeline.load_lora_weights, gives the trained policy's velocities."""
+    from diffusers import WanPipeline
+
+    from conftest import REPO
+    from jagg_core.pipeline.build import policy_from_params
+    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.paths import Layout
+    from jagg_core.pipeline.storage import write_prompts_jsonl
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.policies.lora import load_trainable_state_dict
+    from jagg_core.trainer.checkpoint import list_checkpoints
+    from jagg_core.trainer.loop import train
+    from tasks.export import export
+
+    overrides = {"model.path": str(wan_dir), "model.dtype": "float32", "model.options": {**OPTIONS, "shift": 3.0},
+                 "model.lora.rank": 4, "model.lora.alpha": 8, "resources.device": "cpu", "resources.num_processes": 1,
+                 "resources.mixed_precision": "no", "sample.num_steps": 4, "sample.group_size": 2,
+                 "sample.prompts_per_iteration": 2, "sample.batch_size": 4, "train.micro_batch": 4,
+                 "train.iterations": 2, "train.lr": 1e-2, "train.checkpoint_every": 1, "train.log_images_every": 1,
+                 "train.optimizer_steps_per_epoch": 1, "jagg.jagg_frac": 1.0, "reward.frames": 3,
+                 "reward.weights": {"jpeg_compressibility": 1.0}, "reward.options": {}}
+    params = load_params(REPO / "params.yaml", "wan", overrides)
+    assert params.sample.recipe == "dance_grpo" and params.model.options["num_frames"] == 5
+    write_prompts_jsonl(Layout.of(params, tmp_path).train_prompts, PROMPTS)
+    tracker = Tracker(params, tmp_path)
+    run_id = tracker.child_run("ci-wan", "jagg-s0", method="jagg", seed=0, key="k")
+    result = train(params, "jagg", 0, root=tmp_path, progress=False, logger=tracker.logger(run_id))
+    assert result.iterations == 2 and all(h["train/grad_forwards"] > 0 for h in result.history)
+
+    client = Tracker(params, tmp_path).client
+    strips = sorted(a.path for a in client.list_artifacts(run_id, "images") if a.path.endswith(".png"))
+    assert [p.split("+")[:3] for p in strips] == [["images/rollout", "step", "1"], ["images/rollout", "step", "2"]]
+    from PIL import Image
+
+    from jagg_core.media import frame_strips
+
+    strip = Image.open(client.download_artifacts(run_id, strips[0], str(tmp_path / "dl")))
+    captions = [p for p in PROMPTS for _ in range(2)]  # 4 clips, one row of its 5 frames each
+    assert strip.size == frame_strips(torch.zeros(4, 5, 3, 16, 16), captions).size
+    gifs = [a.path for a in client.list_artifacts(run_id, "rollout")]
+    assert gifs == ["rollout/step_000001.gif", "rollout/step_000002.gif"]
+    gif = Image.open(client.download_artifacts(run_id, gifs[0], str(tmp_path / "dl")))
+    assert gif.format == "GIF" and gif.n_frames == 5 and max(gif.size) <= 4 * 130
+
+    out = export(params, "jagg-s0", root=tmp_path)
+    trained = policy_from_params(params, Layout.of(params, tmp_path), torch.device("cpu"))
+    load_trainable_state_dict(trained.transformer, list_checkpoints(Layout.of(params, tmp_path).checkpoints(
+        "jagg-s0"))[-1].tensors())
+    embeds = trained.encode_prompts(PROMPTS)
+    z = trained.initial_noise(2, torch.Generator().manual_seed(3))
+    t = trained.schedule(4).timesteps[1].expand(2)
+    pipe = WanPipeline.from_pretrained(wan_dir)
+    pipe.load_lora_weights(out)
+    plain = load(wan_dir)
+    with torch.no_grad():
+        want, base = trained.velocity(z, t, embeds), plain.velocity(z, t, embeds)
+        plain.transformer = pipe.transformer
+        got = plain.velocity(z, t, embeds)
+    assert not torch.allclose(base, want, atol=1e-5)  # two iterations moved the adapters
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
