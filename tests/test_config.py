@@ -321,3 +321,14 @@ def test_invalid_yaml_in_set_values_is_one_sentence(capsys, value, fragment):
     assert main(["--profile", "ci", "--set", value]) == 1
     err = capsys.readouterr().err
     assert err.startswith("jagg: error: --set train.lr") and fragment in err and err.count("\n") == 1, err
+
+
+def test_every_prefect_deployment_names_a_profile_that_validates():
+    """`jagg services up` deploys prefect.yaml --all: every deployment's profile (wan included) loads."""
+    import yaml
+
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments}
+    assert profiles["wan"] == "wan"
+    for profile in set(profiles.values()):
+        assert load_params(REPO / "params.yaml", profile).profile == profile
