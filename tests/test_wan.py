@@ -322,3 +322,37 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
         got = plain.velocity(z, t, embeds)
     assert not torch.allclose(base, want, atol=1e-5)  # two iterations moved the adapters
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated(tmp_path):
+    """Images: one grid, no artifact; clips: a frame strip and a bounded GIF. The evaluation refuses clips in one
+    sentence (it scores images of the HPDv2 benchmark)."""
+    from PIL import Image
+
+    from conftest import REPO
+    from jagg_core.evaluation.evaluate import EvalError, evaluate_run
+    from jagg_core.media import clips_gif, log_samples
+    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.paths import Layout
+
+    class Sink:
+        def __init__(self):
+            self.images, self.artifacts = [], []
+
+        def log_image(self, image, key, step):
+            self.images.append((image.size, key, step))
+
+        def log_artifact_bytes(self, data, name):
+            self.artifacts.append((len(data), name))
+
+    sink = Sink()
+    log_samples(sink, torch.rand(4, 3, 16, 16), ["a"] * 4, "rollout", 1)
+    log_samples(sink, torch.rand(2, 49, 3, 64, 64), ["a", "b"], "rollout", 2)
+    assert [k for _, k, _ in sink.images] == ["rollout", "rollout"] and len(sink.artifacts) == 1
+    assert sink.artifacts[0][1] == "rollout/step_000002.gif"
+    fade = torch.linspace(0, 1, 49).view(1, 49, 1, 1, 1).expand(6, 49, 3, 160, 160)  # 6 clips fading to white
+    gif = Image.open(__import__("io").BytesIO(clips_gif(fade)))
+    assert gif.n_frames == 25 and gif.size == (4 * 130 + 2, 132)  # 4 clips of 128 px, every second frame
+    params = load_params(REPO / "params.yaml", "wan")
+    with pytest.raises(EvalError, match="backbone 'wan' makes clips, which are not evaluated yet"):
+        evaluate_run(params, Layout.of(params, tmp_path), "jagg-s0")
