@@ -126,6 +126,11 @@ def test_rollout_of_clips_and_every_update_through_the_trainer(wan_dir):
         assert max(stats.extras["approx_kl"]) < 1e-9, m.name
         counts[m.name] = (stats.grad_forwards, stats.nograd_forwards, stats.reused_velocities)
     assert counts == {"exact": (4, 0, 0), "jagg": (2, 2, 0), "ablate": (2, 2, 0), "reuse": (2, 0, 2)}  # cost.py
+    from jagg_core.trainer.update import trajectory_fidelity  # what jagg_frac: auto reads, on clips
+
+    rep = trajectory_fidelity(policy, traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.arange(4), window=2,
+                              sample=SAMPLE, train=TrainConfig(micro_batch=4, clip_range=1e-4))
+    assert rep.positions == [0, 1] and all(abs(c - 1) < 1e-5 for c in rep.cos_jagg)  # W = 2: JAGG is exact
 
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
