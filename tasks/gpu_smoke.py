@@ -199,11 +199,15 @@ class SmokeConfig:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE, after the smoke test's own
 
     def resolved_size(self) -> SmokeSize:
+        from .gpu_smoke_wan import WAN_PROFILES, WAN_SIZES
+
         name = self.size or ("gpu" if self.device == "cuda" else "cpu")
         if name not in SIZES:
             raise SmokeError(f"unknown size {name!r}; sizes: {', '.join(SIZES)}.")
-        s = SIZES[name]
         updates = {k: v for k, v in (("resolution", self.resolution), ("num_steps", self.num_steps)) if v is not None}
+        if self.profile in WAN_PROFILES:  # the wan case: a tiny Wan (tasks/gpu_smoke_wan.py)
+            return type(WAN_SIZES[name])(**{**asdict(WAN_SIZES[name]), **updates})
+        s = SIZES[name]
         return SmokeSize(**{**asdict(s), **updates, "vae_channels": s.vae_channels})
 
     def validate(self) -> None:
@@ -225,10 +229,13 @@ class SmokeConfig:
 def smoke_params(cfg: SmokeConfig, model_dir: str | Path, *, params_path: str | Path) -> tuple[Params, dict]:
     """The profile's params with its weights swapped for ``model_dir`` and the smoke test's sizes; returns them and
     the overrides applied (for the record)."""
+    from .gpu_smoke_wan import WAN_PROFILES, wan_overrides
+
     real = load_params(params_path, cfg.profile)
-    if real.model.backbone != "flux":
-        raise SmokeError(f"the smoke test trains a tiny Flux; profile {cfg.profile!r} has backbone "
-                         f"{real.model.backbone!r} (use a Flux profile: flux or flux-fast).")
+    wan = cfg.profile in WAN_PROFILES
+    if real.model.backbone != ("wan" if wan else "flux"):
+        raise SmokeError(f"the smoke test trains a tiny Flux or Wan; profile {cfg.profile!r} has backbone "
+                         f"{real.model.backbone!r} (use flux, flux-fast or wan).")
     size = cfg.resolved_size()
     images = size.group_size * size.prompts_per_iteration
     overrides: dict[str, Any] = {
@@ -247,6 +254,7 @@ def smoke_params(cfg: SmokeConfig, model_dir: str | Path, *, params_path: str | 
         **({"resources.num_threads": cfg.threads} if cfg.threads else {}),
         "run.methods": list(cfg.methods),
         **SMOKE_OVERRIDES,
+        **(wan_overrides(size) if wan else {}),
         **cfg.overrides,
     }
     params = load_params(params_path, cfg.profile, overrides)
@@ -322,14 +330,17 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
         torch.set_num_threads(cfg.threads)
     with tempfile.TemporaryDirectory(prefix="jagg-smoke-") as tmp:
         root = Path(tmp)
-        model_dir = root / "models" / "tiny-flux"
+        from .gpu_smoke_wan import WAN_PROFILES, build_tiny_wan
+
+        wan = cfg.profile in WAN_PROFILES
+        model_dir = root / "models" / ("tiny-wan" if wan else "tiny-flux")
         params, overrides = smoke_params(cfg, model_dir, params_path=params_path)  # every setting checked first
         for name in cfg.methods:
             params.method(name)  # an unknown method fails before any work
         device = pick_device(params)
         t0 = time.perf_counter()
-        build_tiny_flux(model_dir, size, seed=cfg.seed)
-        say(f"built a random tiny Flux at {size.resolution} px in {time.perf_counter() - t0:.1f} s "
+        (build_tiny_wan if wan else build_tiny_flux)(model_dir, size, seed=cfg.seed)
+        say(f"built a random tiny {'Wan' if wan else 'Flux'} at {size.resolution} px in {time.perf_counter() - t0:.1f} s "
             f"({model_dir})")
         prompts = root / "data" / params.profile / "prompts" / "train.jsonl"
         atomic_write_text(prompts, "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
@@ -431,7 +442,8 @@ def render_table(result: Mapping[str, Any]) -> str:
     c, m, rec = result["config"], result["model"], result["recipe"]
     gpu = f" ({result['machine']['gpu']})" if "gpu" in result["machine"] else ""
     trained = "—" if m["trainable_params"] is None else f"{m['trainable_params'] / 1e6:.2f} M"
-    head = (f"Smoke test of profile `{c['profile']}` on `{c['device']}`{gpu}: a random tiny Flux ({trained} trained "
+    head = (f"Smoke test of profile `{c['profile']}` on `{c['device']}`{gpu}: a random tiny "
+            f"{'Wan' if 'num_frames' in m.get('geometry', {}) else 'Flux'} ({trained} trained "
             f"parameters, {m['resolution']} px = {m['image_tokens']} image tokens, {m['text_tokens']} text tokens), "
             f"{m['dtype']} weights under {m['mixed_precision']} autocast; {rec['recipe']} with {rec['num_steps']} "
             f"steps ({rec['trained_steps']} trained), W = {rec['window']}, jagg_frac {rec['jagg_frac']:g}, "

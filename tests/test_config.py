@@ -11,7 +11,7 @@ from jagg_core.pipeline.config import KNOWN_BACKBONES, KNOWN_REWARDS, ParamsErro
 from jagg_core.pipeline.params_io import load_params
 
 
-@pytest.mark.parametrize("profile", ["toy", "toy-full", "ci", "flux", "qwenimage", "sd3"])
+@pytest.mark.parametrize("profile", ["toy", "toy-full", "ci", "flux", "qwenimage", "sd3", "wan"])
 def test_every_profile_of_the_repo_validates(profile):
     p = load_params(REPO / "params.yaml", profile)
     assert p.profile == profile
@@ -35,6 +35,29 @@ def test_paper_profiles_use_the_papers_settings():
     flux = load_params(REPO / "params.yaml", "flux")
     assert flux.model.options["shift"] == 3.0 and not flux.train.global_std  # DanceGRPO: fixed shift, use_group
     assert "ablate" in load_params(REPO / "params.yaml", "flux-fast").run.methods
+
+
+def test_the_wan_profile_is_pref_grpos_wan_recipe():
+    """Pref-GRPO's scripts/finetune_prefgrpo_wan_2_1.sh (49 frames at 512 px): 50 steps, eta 0.7 with Flow-GRPO's SDE,
+    8 clips per prompt, 60% of the steps, clip 1e-4, lr 6e-6, no KL, CFG 5, shift 3; the rewards on 8 frames."""
+    p = load_params(REPO / "params.yaml", "wan")
+    o = p.model.options
+    assert (p.model.backbone, o["height"], o["width"], o["num_frames"], o["guidance_scale"], o["shift"]) == (
+        "wan", 512, 512, 49, 5.0, 3.0)
+    s, t = p.sample, p.train
+    assert (s.num_steps, s.noise_level, s.sde_kind, s.recipe, s.timestep_fraction, s.group_size) == (
+        50, 0.7, "flow_grpo", "dance_grpo", 0.6, 8)
+    assert (t.clip_range, t.lr, t.beta, t.global_std, p.model.lora.rank) == (1e-4, 6e-6, 0.0, False, 0)
+    assert (p.jagg.window, p.jagg.jagg_frac, p.reward.frames) == (4, "auto", 8)
+
+
+@pytest.mark.parametrize("frames, ok", [("first", True), (3, True), ([0, -1], True), (0, False), ("middle", False)])
+def test_reward_frames_validates(frames, ok):
+    if ok:
+        assert load_params(REPO / "params.yaml", "ci", {"reward.frames": frames}).reward.frames == frames
+    else:
+        with pytest.raises(ParamsError, match="reward.frames"):
+            load_params(REPO / "params.yaml", "ci", {"reward.frames": frames})
 
 
 def test_the_registries_match_the_names_the_config_knows():
@@ -69,7 +92,7 @@ def test_method_overrides_apply_only_to_their_method():
         ("jagg: {window: 1}", "jagg.window = 1 is invalid: Input should be greater than or equal to 2."),
         ("jagg: {jagg_frac: 2}", "jagg.jagg_frac = 2 is invalid: jagg_frac must be a number in [0, 1] or 'auto'."),
         ("jagg: {jagg_frac: autos}", "jagg_frac must be a number in [0, 1] or 'auto'"),
-        ("model: {backbone: sdxl}", "unknown backbone; use one of flux, qwenimage, sd3, toy-flux."),
+        ("model: {backbone: sdxl}", "unknown backbone; use one of flux, qwenimage, sd3, toy-flux, wan."),
         ("reward: {weights: {hps: 1}}", "unknown reward 'hps'; use one of clipscore, hpsv2.1"),
         ("[1, 2", "params.yaml is not valid YAML"),
         ("- 1\n- 2\n", "params.yaml must be a mapping of sections"),
@@ -300,3 +323,14 @@ def test_invalid_yaml_in_set_values_is_one_sentence(capsys, value, fragment):
     assert main(["--profile", "ci", "--set", value]) == 1
     err = capsys.readouterr().err
     assert err.startswith("jagg: error: --set train.lr") and fragment in err and err.count("\n") == 1, err
+
+
+def test_every_prefect_deployment_names_a_profile_that_validates():
+    """`jagg services up` deploys prefect.yaml --all: every deployment's profile (wan included) loads."""
+    import yaml
+
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments}
+    assert profiles["wan"] == "wan"
+    for profile in set(profiles.values()):
+        assert load_params(REPO / "params.yaml", profile).profile == profile

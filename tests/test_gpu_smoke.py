@@ -123,7 +123,7 @@ def test_write_docs_fills_the_section_and_bench_regeneration_keeps_it(monkeypatc
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--profile", "sd3"], "profile 'sd3' has backbone 'sd3' (use a Flux profile: flux or flux-fast)"),
+    (["--profile", "sd3"], "profile 'sd3' has backbone 'sd3' (use flux, flux-fast or wan)"),
     (["--resolution", "40"], "--resolution 40 must be a positive multiple of 16 pixels"),
     (["--methods", "baseline,jag"], "run.methods names 'jag', which is not defined under methods"),
     (["--set", "train.inner_epochs=2"], "train.inner_epochs and train.optimizer_steps_per_epoch must be 1"),
@@ -149,3 +149,14 @@ def test_smoke_at_the_gpu_size(tmp_path):
     result = json.loads(out.read_text())
     _check_result(result, cuda=True)
     assert result["model"]["resolution"] == 256 and result["recipe"]["num_steps"] == 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_wan_smoke_at_the_gpu_size(tmp_path):
+    """The wan case (tasks/gpu_smoke_wan.py): a tiny random Wan (256 px × 17 frames, 4 blocks) trained by every method
+    in bf16 on cuda: the first PPO ratio is exactly 1 and each method has its peak memory."""
+    _printed, out = _jagg_smoke(tmp_path, "--profile", "wan")
+    result = json.loads(out.read_text())
+    _check_result(result, cuda=True)
+    assert result["model"]["geometry"]["num_frames"] == 17 and result["recipe"]["num_steps"] == 16

@@ -8,7 +8,7 @@ from conftest import REPO
 from jagg_core.pipeline.params_io import load_params
 from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, forward_flops, plan
 
-REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3")
+REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3", "wan")
 
 
 def test_forward_flops_by_hand():
@@ -17,6 +17,18 @@ def test_forward_flops_by_hand():
     s = 32 * 32 + 512  # 512 px: 1024 image tokens + 512 T5 tokens
     assert forward_flops(a, 512, 512, 1) == pytest.approx(2 * 11.9e9 * s + 4 * 57 * s * s * 3072)
     assert forward_flops(a, 512, 512, 2) == pytest.approx(2 * forward_flops(a, 512, 512, 1))
+
+
+def test_video_forward_flops_by_hand():
+    """Wan: S = latent frames × patches (49 frames → 13; 512 px → 32 × 32), text by cross-attention."""
+    a = ARCHITECTURES["wan"]
+    s = 13 * 32 * 32
+    want = 2 * 1.42e9 * s + 4 * 30 * s * s * 1536 + 4 * 30 * s * 512 * 1536
+    assert forward_flops(a, 512, 512, 1, frames=49) == pytest.approx(want)
+    p = plan(load_params(REPO / "params.yaml", "wan"))
+    assert p["tokens"] == s and p["frames"] == 49 and p["cfg_forwards"] == 2
+    rows = {r["method"]: r for r in p["methods"]}
+    assert rows["jagg"]["update_speedup"] > 1 and rows["jagg"]["iteration_speedup"] > 1
 
 
 def test_update_counts_follow_the_trainers_routing():
@@ -57,7 +69,7 @@ def test_every_real_profile_prints_its_table(profile, capsys):
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--profile", "toy"], "jagg plan needs a real backbone (flux, qwenimage, sd3); profile 'toy' uses 'toy-flux'"),
+    (["--profile", "toy"], "jagg plan needs a real backbone (flux, qwenimage, sd3, wan); profile 'toy' uses 'toy-flux'"),
     (["--profile", "flux", "--utilisation", "0"], "--utilisation 0.0 must be in (0, 1]"),
 ])
 def test_errors_are_one_sentence(argv, needle, capsys):

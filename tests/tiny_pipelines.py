@@ -1,4 +1,4 @@
-"""Tiny random Flux, SD3 and Qwen-Image pipelines, built in code and saved as diffusers folders.
+"""Tiny random Flux, SD3, Qwen-Image and Wan pipelines, built in code and saved as diffusers folders.
 
 They have the real component classes and folder layout (model_index.json, one subfolder per component), so the
 policies load them through exactly the code path of the released weights. Tokenizers are built locally (no hub):
@@ -230,4 +230,33 @@ def build_qwenimage(folder: Path) -> Path:
     return folder
 
 
-BUILDERS = {"flux": build_flux, "sd3": build_sd3, "qwenimage": build_qwenimage}
+# The tiny Wan's clips: 5 frames (3 latent frames: its VAE halves time after the first frame) of 16×16 px.
+WAN_FRAMES, WAN_SIZE = 5, 16
+
+
+def build_wan(folder: Path) -> Path:
+    """A Wan2.1-T2V-shaped pipeline: UMT5 text encoder, a causal 3-D VAE (×2 in time and space here, with latents
+    mean/std), a 2-block WanTransformer3DModel with 1×2×2 patches, and the UniPC flow scheduler Wan ships with."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    torch.manual_seed(0)
+    tokenizer = t5_tokenizer()
+    text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1,
+                                       num_heads=2, dropout_rate=0.0, relative_attention_num_buckets=8)).eval()
+    pipe = WanPipeline(
+        tokenizer=tokenizer,
+        text_encoder=text,
+        vae=AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
+                             latents_mean=[0.1, -0.2, 0.0, 0.3], latents_std=[1.5, 0.8, 1.0, 2.0],
+                             scale_factor_temporal=2, scale_factor_spatial=2).eval(),
+        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0),
+        transformer=WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8,
+                                          in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32,
+                                          num_layers=2, rope_max_seq_len=32).eval(),
+    )
+    pipe.save_pretrained(folder)
+    return folder
+
+
+BUILDERS = {"flux": build_flux, "sd3": build_sd3, "qwenimage": build_qwenimage, "wan": build_wan}

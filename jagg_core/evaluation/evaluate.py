@@ -104,6 +104,13 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+def _refuse_clips(params: Params) -> None:
+    if params.model.backbone == "wan":
+        raise EvalError("the evaluation scores images of the HPDv2 benchmark and backbone 'wan' makes clips, which are "
+                        "not evaluated yet (docs/video.md); train with `jagg train --profile wan` and read the "
+                        "rollouts' rewards and frame strips in MLflow.")
+
+
 def evaluate_step(
     params: Params,
     layout: Layout,
@@ -120,6 +127,8 @@ def evaluate_step(
 
     With ``part`` of several processes (a collective: every rank calls it), each generates and scores its blocks."""
     from ..rewards import loaded_rewards, make_reward, rewards_off_device
+
+    _refuse_clips(params)
     from ..sampling import sample_images
 
     ev = params.eval
@@ -231,6 +240,7 @@ def evaluate_run(
     ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step. With ``part`` of several
     processes, each generates and scores its share on ``device`` (its own GPU); rank 0 writes and logs.
     """
+    _refuse_clips(params)
     logger = logger or NullLogger()
     prompts = test_prompts(params, layout)
     eval_dir = layout.eval_dir(run)

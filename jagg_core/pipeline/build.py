@@ -37,4 +37,4 @@ def reward_from_params(params: Params):
     """The weighted training reward of ``params.reward``."""
     from ..rewards import make_weighted_reward
 
-    return make_weighted_reward(params.reward.weights, params.reward.options)
+    return make_weighted_reward(params.reward.weights, params.reward.options, frames=params.reward.frames)

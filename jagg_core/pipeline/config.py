@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # The registries' names, known without importing them (tests check these equal the registries).
-KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux")
+KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
                  "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
@@ -268,6 +268,9 @@ class RewardConfig(_Section):
         "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
         "is not drowned by one with a large spread",
     )
+    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[int] = Field(
+        "all", description="which frames of a clip (video backbones) the image rewards score, averaged per clip: "
+        "first, last, all, a count N (evenly spaced) or a list of frame indices; images ignore it")
 
     @field_validator("weights", "options")
     @classmethod

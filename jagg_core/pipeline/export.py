@@ -22,7 +22,7 @@ __all__ = ["ExportError", "PIPELINES", "export_transformer"]
 
 # The diffusers pipeline whose LoRA format each backbone's adapters are saved in.
 PIPELINES = {"flux": "FluxPipeline", "toy-flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
-             "qwenimage": "QwenImagePipeline"}
+             "qwenimage": "QwenImagePipeline", "wan": "WanPipeline"}
 _PEFT_PREFIX = "base_model.model."
 
 

@@ -32,3 +32,9 @@ class MultiLogger:
     def log_image(self, image: Any, key: str, step: int) -> None:
         for lg in self.loggers:
             lg.log_image(image, key, step)
+
+    def log_artifact_bytes(self, data: bytes, name: str) -> None:
+        """A file (e.g. an animated GIF) to every sink that takes artifacts."""
+        for lg in self.loggers:
+            if hasattr(lg, "log_artifact_bytes"):
+                lg.log_artifact_bytes(data, name)

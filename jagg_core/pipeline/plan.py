@@ -6,7 +6,8 @@ parameters trained, a per-rank memory estimate, the FLOPs of an iteration for ex
 take on H100 / H200 at a stated utilisation (:data:`GPUS`, :data:`UTILISATION`), plus the evaluation's cost.
 
 The FLOP model: a forward of one image at one step is ``2·N·S + 4·L·S²·d`` (N transformer parameters, S = image +
-text tokens, L attention layers of width d), times 2 under true classifier-free guidance; a backward costs 2 forwards,
+text tokens, L attention layers of width d), times 2 under true classifier-free guidance; a video backbone (Wan)
+attends to the text by cross-attention: S = latent frames × patches per frame, plus ``4·L·S·S_text·d``; a backward costs 2 forwards,
 3 with gradient checkpointing (the recompute). A JAGG group of W steps costs K with-grad forwards and backwards plus
 W − K no-grad forwards (none with rollout-velocity reuse); an exact group W of each. Everything else (the reward, the
 optimizer step, communication) is left out and named as such: the figures are a floor for the GPU time.
@@ -36,6 +37,8 @@ class Architecture:
     text_tokens: int  # text tokens in the joint attention (an assumption for prompts of HPDv2's length where noted)
     frozen_params: float  # text encoders + VAE, held on every rank in the dtype
     source: str
+    frames_per_latent: int = 0  # video: the VAE's temporal compression (F' = (F − 1) / it + 1); 0: an image model
+    cross_attention: bool = False  # text by cross-attention (Wan), not in the joint sequence
 
 
 ARCHITECTURES: dict[str, Architecture] = {
@@ -51,6 +54,11 @@ ARCHITECTURES: dict[str, Architecture] = {
         "SD3.5 Medium", 2.5e9, 24, 1536, 16, 333, 4.76e9 + 0.82e9 + 0.08e9,
         "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + 256 T5 tokens; T5-XXL 4.76 B + "
         "CLIP-L/G 0.82 B + VAE 0.08 B frozen"),
+    "wan": Architecture(
+        "Wan2.1-T2V-1.3B", 1.42e9, 30, 1536, 16, 512, 5.7e9 + 0.13e9,
+        "30 blocks of width 1536 (self-attention over the clip's tokens, cross-attention to 512 UMT5 tokens, FFN "
+        "8960); VAE ×8 in space, ×4 in time, and 1×2×2 patches; UMT5-XXL encoder 5.7 B + VAE 0.13 B frozen",
+        frames_per_latent=4, cross_attention=True),
 }
 
 # Dense bf16 peak (NVIDIA's datasheets, SXM parts, without sparsity) and memory.
@@ -72,10 +80,18 @@ def _bytes(dtype: str) -> int:
     return 4 if dtype == "float32" else 2
 
 
-def forward_flops(arch: Architecture, height: int, width: int, cfg: int) -> float:
-    """FLOPs of one transformer forward of one image at one step (both CFG halves)."""
-    s = (height // arch.pixels_per_token) * (width // arch.pixels_per_token) + arch.text_tokens
-    return cfg * (2 * arch.params * s + 4 * arch.layers * s * s * arch.hidden)
+def sequence_tokens(arch: Architecture, height: int, width: int, frames: int = 1) -> int:
+    """The transformer's sequence: image (or clip) tokens, plus the text where it is in the joint sequence."""
+    latent_frames = (frames - 1) // arch.frames_per_latent + 1 if arch.frames_per_latent else 1
+    s = latent_frames * (height // arch.pixels_per_token) * (width // arch.pixels_per_token)
+    return s if arch.cross_attention else s + arch.text_tokens
+
+
+def forward_flops(arch: Architecture, height: int, width: int, cfg: int, frames: int = 1) -> float:
+    """FLOPs of one transformer forward of one image (or clip of ``frames`` frames) at one step (both CFG halves)."""
+    s = sequence_tokens(arch, height, width, frames)
+    cross = 4 * arch.layers * s * arch.text_tokens * arch.hidden if arch.cross_attention else 0.0
+    return cfg * (2 * arch.params * s + 4 * arch.layers * s * s * arch.hidden + cross)
 
 
 def _lora_params(arch: Architecture, rank: int) -> float:
@@ -115,11 +131,12 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     opts = params.model.options
     height, width = int(opts.get("height", 512)), int(opts.get("width", 512))
     guidance = float(opts.get("guidance_scale", 1.0))
-    cfg = 2 if backbone in ("qwenimage", "sd3") and guidance > 1 else 1
+    cfg = 2 if backbone in ("qwenimage", "sd3", "wan") and guidance > 1 else 1
+    frames = int(opts.get("num_frames", 81)) if arch.frames_per_latent else 1
     ckpt = bool(opts.get("gradient_checkpointing", False))
     sample, train, res = params.sample, params.train, params.resources
     n_gpus = res.num_processes * res.num_machines
-    f = forward_flops(arch, height, width, cfg)
+    f = forward_flops(arch, height, width, cfg, frames)
     b = (3 if ckpt else 2) * f
     images = sample.prompts_per_iteration * sample.group_size
     rollout = images * sample.num_steps * f
@@ -129,7 +146,7 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     trainable = _lora_params(arch, rank) if rank else arch.params
     nbytes = _bytes(params.model.dtype)
     shard = n_gpus if res.distributed == "fsdp" else 1
-    tokens = (height // arch.pixels_per_token) * (width // arch.pixels_per_token) + arch.text_tokens
+    tokens = sequence_tokens(arch, height, width, frames)
     micro = train.micro_batch * cfg
     # Activations of one graph: with checkpointing each block keeps its input (S·d) and one block is live; without,
     # Megatron's ~34·S·d bytes per layer at 16 bits (attention scores not materialised: fused attention).
@@ -178,7 +195,8 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
 
     return {
         "profile": params.profile, "architecture": arch.name, "architecture_source": arch.source,
-        "gpus": n_gpus, "utilisation": utilisation, "height": height, "width": width, "cfg_forwards": cfg,
+        "gpus": n_gpus, "utilisation": utilisation, "height": height, "width": width, "frames": frames,
+        "cfg_forwards": cfg,
         "gradient_checkpointing": ckpt, "tokens": tokens, "trainable_params": trainable,
         "lora_rank": rank, "images_per_iteration": images, "num_steps": sample.num_steps,
         "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
@@ -198,7 +216,8 @@ def format_plan(p: dict[str, Any]) -> str:
     """The plan as the text `jagg plan` prints."""
     mem = p["memory"]
     lines = [
-        f"jagg plan — profile {p['profile']}: {p['architecture']} at {p['height']}×{p['width']} "
+        f"jagg plan — profile {p['profile']}: {p['architecture']} at {p['height']}×{p['width']}"
+        f"{' × ' + str(p['frames']) + ' frames' if p.get('frames', 1) > 1 else ''} "
         f"({p['tokens']} tokens, {'CFG: 2 forwards per step' if p['cfg_forwards'] == 2 else 'no CFG'}), "
         f"{p['gpus']} GPU(s)",
         f"  architecture: {p['architecture_source']}",
@@ -225,8 +244,10 @@ def format_plan(p: dict[str, Any]) -> str:
     ev = p["evaluation"]
     lines += [
         "",
-        f"  evaluation per checkpoint: {ev['images']} benchmark images × {ev['steps']} steps = {ev['pflop']:.0f} PFLOP, "
-        f"{ev['H100_s'] / 60:.1f} min on {p['gpus']} H100",
+        (f"  evaluation per checkpoint: {ev['images']} benchmark images × {ev['steps']} steps = {ev['pflop']:.0f} PFLOP, "
+         f"{ev['H100_s'] / 60:.1f} min on {p['gpus']} H100") if p.get("frames", 1) == 1 else
+        "  evaluation per checkpoint: none (the HPDv2-style evaluation scores images; clips are not evaluated yet, "
+        "docs/video.md)",
         f"  times assume {p['utilisation']:.0%} of the dense bf16 peak ({GPUS['H100']['peak_tflops']:.0f} TFLOPS per "
         "GPU) and leave out the reward, the optimizer step and communication: a floor.",
     ]

@@ -295,6 +295,19 @@ class MlflowLogger:
     def log_image(self, image: Any, key: str, step: int) -> None:
         self._submit({"kind": "image", "run_id": self.run_id, "key": key, "step": int(step)}, image=image)
 
+    def log_artifact_bytes(self, data: bytes, name: str) -> None:
+        """``data`` as the run's artifact ``name`` (e.g. ``rollout/step_000001.gif``); a store that stays down loses
+        it with a warning (the strips beside it are buffered)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(name).name
+            path.write_bytes(data)
+            try:
+                self.tracker.log_artifact(self.run_id, path, str(Path(name).parent))
+            except TrackingError as e:
+                log.warning("%s", e)
+
     def _send(self, record: dict, image: Any = None, *, retries: int | None = None) -> None:
         client = self.tracker.client
         run_id = record.get("run_id", self.run_id)  # a replayed record goes to the run that logged it

@@ -131,13 +131,17 @@ def make_reward(name: str, **options: Any) -> RewardFn:
 
 
 def make_weighted_reward(
-    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None
+    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None,
+    frames: str | int | Sequence[int] = "all",
 ) -> RewardFn:
-    """``Σ_k w_k · reward_k``; ``info`` holds each component's per-image values under ``reward/<name>``."""
+    """``Σ_k w_k · reward_k``; ``info`` holds each component's per-image values under ``reward/<name>``. Clips
+    ``(B, F, 3, H, W)`` are scored on the frames ``frames`` chooses, averaged per clip (:mod:`.clips`)."""
+    from .clips import on_frames
+
     if not weights:
         raise RewardError("at least one reward with a weight is needed.")
     options = options or {}
-    fns = {name: make_reward(name, **dict(options.get(name, {}))) for name in weights}
+    fns = {name: on_frames(make_reward(name, **dict(options.get(name, {}))), frames) for name in weights}
 
     def fn(images, prompts, metadata):
         total = torch.zeros(len(prompts), dtype=torch.float32)

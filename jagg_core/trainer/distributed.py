@@ -107,7 +107,8 @@ def shard_transformer(transformer: torch.nn.Module, block_classes: Iterable[str]
 
     Args:
         block_classes: class names of the blocks (an accelerate FSDP config's ``fsdp_transformer_layer_cls_to_wrap``);
-            default: the members of ``transformer_blocks`` and ``single_transformer_blocks`` (Flux, SD3, Qwen-Image).
+            default: the members of ``transformer_blocks`` and ``single_transformer_blocks`` (Flux, SD3, Qwen-Image)
+            and of ``blocks`` (Wan).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -118,7 +119,7 @@ def shard_transformer(transformer: torch.nn.Module, block_classes: Iterable[str]
         if not blocks:
             raise ValueError(f"no module of class {sorted(names)} to shard in {type(module).__name__}.")
     else:
-        blocks = [b for name in ("transformer_blocks", "single_transformer_blocks")
+        blocks = [b for name in ("transformer_blocks", "single_transformer_blocks", "blocks")
                   for b in getattr(getattr(module, "model", module), name, [])]
     for block in blocks:
         fully_shard(block)

@@ -34,7 +34,8 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
         "sample": params.sample.model_dump(mode="json"),
         "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
         "method": params.method(method).model_dump(mode="json"),
-        "reward": params.reward.model_dump(mode="json"),
+        # reward.frames at its default ("all") is left out: fingerprints from before the field existed still match.
+        "reward": {k: v for k, v in params.reward.model_dump(mode="json").items() if (k, v) != ("frames", "all")},
         "prompts": _digest(layout.train_prompts),
         "seed": seed,
     }

@@ -30,7 +30,8 @@ from ..modes import EXACT_MODES
 from ..pipeline.paths import Layout, run_name
 from ..pipeline.redact import flatten, redact
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
-from ..sampling import derive_seed, image_grid
+from ..media import log_samples
+from ..sampling import derive_seed
 from ..pipeline.storage import FolderLock, atomic_write_text, read_prompts
 from .checkpoint import CheckpointError, latest_checkpoint_together, list_checkpoints, recover_leftovers, save_checkpoint
 from .sharded import load_sharded_state, save_sharded_checkpoint
@@ -177,7 +178,7 @@ def _train(r: _Run, logger: MetricLogger | None, resume: bool, progress: bool) -
         if r.main and tcfg.log_images_every and (step % tcfg.log_images_every == 0 or step == 1):
             k = min(8, traj.batch_size)
             captions = traj.image_prompts()[:k]
-            sink.log_image(image_grid(traj.images[:k], captions, ncols=4), "rollout", step)
+            log_samples(sink, traj.images[:k], captions, "rollout", step)  # a grid; clips: frame strips + a GIF
         timing = {"time/logging": time.perf_counter() - t0, "time/checkpoint": 0.0}
         # Checkpoint every N iterations and at the end.
         if step % tcfg.checkpoint_every == 0 or step == tcfg.iterations:

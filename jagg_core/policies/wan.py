@@ -1,0 +1,167 @@
+"""Wan2.1 text-to-video as a policy: diffusers' WanPipeline denoising step with true CFG, on video latents.
+
+A sample is a clip: its latent is ``(C, F', h, w)`` with ``F' = (num_frames − 1) / 4 + 1`` latent frames (the Wan VAE
+compresses time 4× after the first frame and space 8×); the transformer patchifies it itself (1×2×2 patches). The SDE
+step, its log-prob (a mean over every non-batch dimension) and the JAGG group backward are shape-agnostic, so a clip
+goes through them exactly as an image does. ``decode`` returns clips ``(B, F, 3, H, W)`` in [0, 1]; the rewards score
+chosen frames of them (``reward.frames``, :mod:`jagg_core.rewards.clips`).
+
+Prompts are encoded by UMT5 through the pipeline's own ``encode_prompt`` (zero-padded to ``max_sequence_length``, as
+the pipeline passes them to the transformer, no mask). The conditional and the negative-prompt halves run as one
+batched call (one forward per ``velocity``), combined as the pipeline does: ``v = v_neg + w (v_cond − v_neg)``.
+The schedule is the fixed-shift one of the published GRPO recipes for Wan (``T + 1`` equally spaced sigmas shifted by
+``shift``; Pref-GRPO's ``--shift 3``), not the UniPC sampler Wan ships with: the SDE needs a flow-matching Euler grid.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+
+from ..schedules import Schedule, fixed_shift_schedule
+from .base import Policy, PolicyError, PromptEmbeds, register_backbone
+from .diffusers_common import (
+    MODEL,
+    SCHEDULER,
+    TOKENIZER,
+    check_image_size,
+    check_model_dir,
+    freeze,
+    load_component,
+    load_text_encoders,
+    prepare_transformer,
+    read_config,
+    read_options,
+    resolve_model_dir,
+    to_unit_images,
+)
+
+__all__ = ["WanPolicy", "WAN_LORA_TARGETS", "FSDP_BLOCK"]
+
+HUB_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+COMPONENTS = {
+    "scheduler": SCHEDULER,
+    "text_encoder": MODEL,
+    "tokenizer": TOKENIZER,
+    "transformer": MODEL,
+    "vae": MODEL,
+}
+# Self- and cross-attention projections of every WanTransformerBlock (the text enters through cross-attention: no
+# add_*_proj as in the MMDiT backbones).
+WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
+FSDP_BLOCK = "WanTransformerBlock"  # the FSDP2 unit (configs/accelerate/fsdp2-wan.yaml); found in ``blocks``
+DEFAULTS: dict[str, Any] = {
+    "height": 480,  # pixels; a multiple of 16 (VAE ×8, 2×2 patches); WanPipeline's default 480×832
+    "width": 832,
+    "num_frames": 81,  # frames of a clip; num_frames − 1 a multiple of 4 (WanPipeline's default)
+    "guidance_scale": 5.0,  # true CFG scale (WanPipeline's default; Pref-GRPO's --cfg_infer 5.0); <= 1 turns CFG off
+    "negative_prompt": "",  # WanPipeline's default negative prompt
+    "max_sequence_length": 512,  # UMT5 tokens (WanPipeline's default)
+    "shift": 3.0,  # the fixed schedule shift (Pref-GRPO's --shift 3)
+    "lora": None,  # {rank, alpha, target_modules, dropout}; None or rank 0: full fine-tune
+    "gradient_checkpointing": False,
+    "vae_tiling": False,  # decode in spatial tiles (Pref-GRPO calls vae.enable_tiling()): less memory at 480p and up
+}
+
+
+def _check_frames(num_frames: Any, temporal: int) -> None:
+    if not isinstance(num_frames, int) or num_frames < 1 or (num_frames - 1) % temporal:
+        raise PolicyError(f"model.num_frames must be {temporal}·k + 1 frames (e.g. 33, 49 or 81), got {num_frames!r}.")
+
+
+class WanPolicy(Policy):
+    """Wan transformer (trained) + UMT5 text encoder and Wan VAE (frozen)."""
+
+    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
+        from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+
+        opts = read_options(options, DEFAULTS, backbone="wan")
+        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+        vae_config = read_config(folder, "vae")
+        spatial = int(vae_config.get("scale_factor_spatial") or 8)
+        temporal = int(vae_config.get("scale_factor_temporal") or 4)
+        patch = read_config(folder, "transformer").get("patch_size", [1, 2, 2])
+        check_image_size(opts["height"], opts["width"], spatial * int(patch[1]))  # before minutes of loading
+        _check_frames(opts["num_frames"], temporal)
+        self.shift = float(opts["shift"])
+        if self.shift <= 0:
+            raise PolicyError(f"model.options.shift must be a positive number (Pref-GRPO uses 3), got {self.shift}.")
+        self.height, self.width, self.num_frames = opts["height"], opts["width"], opts["num_frames"]
+        self.latent_frames = (self.num_frames - 1) // temporal + 1
+        self.latent_h, self.latent_w = self.height // spatial, self.width // spatial
+        self.device, self.dtype = device, dtype
+        self.guidance_scale = float(opts["guidance_scale"])
+        self.do_cfg = self.guidance_scale > 1  # WanPipeline.do_classifier_free_guidance
+        self.negative_prompt = str(opts["negative_prompt"])
+        self.max_sequence_length = int(opts["max_sequence_length"])
+        self._negative: torch.Tensor | None = None
+
+        self.encoders = load_text_encoders(
+            WanPipeline, folder, tokenizers=("tokenizer",), device=device, dtype=dtype, hub_id=HUB_ID
+        )
+        self.vae = freeze(load_component(AutoencoderKLWan, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
+        if opts["vae_tiling"]:
+            self.vae.enable_tiling()
+        transformer = load_component(WanTransformer3DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
+        self.latent_channels = transformer.config.in_channels
+        lora = opts["lora"]
+        if lora and lora.get("rank") and not lora.get("target_modules"):
+            lora = {**lora, "target_modules": list(WAN_LORA_TARGETS)}
+        self.transformer = prepare_transformer(
+            transformer.to(device), lora=lora, gradient_checkpointing=bool(opts["gradient_checkpointing"])
+        )
+        z = self.vae.config.z_dim
+        self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z, 1, 1, 1)
+        self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z, 1, 1, 1)
+
+    def _encode(self, prompts: list[str]) -> torch.Tensor:
+        embeds, _ = self.encoders.encode_prompt(
+            prompt=prompts, do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length,
+            device=self.device,
+        )
+        return embeds.to(self.dtype)  # (B, max_sequence_length, D), zero past each prompt's tokens
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+        tensors = {"prompt_embeds": self._encode(list(prompts))}
+        if self.do_cfg:
+            if self._negative is None:  # the same for every prompt: encoded once
+                self._negative = self._encode([self.negative_prompt])
+            tensors["negative_prompt_embeds"] = self._negative.expand(len(prompts), -1, -1)
+        return PromptEmbeds(tensors)
+
+    def latent_shape(self) -> tuple[int, ...]:
+        return (self.latent_channels, self.latent_frames, self.latent_h, self.latent_w)
+
+    def schedule(self, num_steps: int) -> Schedule:
+        return fixed_shift_schedule(num_steps, self.shift)
+
+    def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        b = latents.shape[0]
+        x = latents.to(self.device, self.dtype)
+        t = timesteps.to(device=self.device, dtype=torch.float32).expand(b)  # Wan takes t in [0, 1000] as is
+        text = embeds.tensors["prompt_embeds"].to(self.device)
+        if self.do_cfg:  # conditional half first, then the negative prompt
+            x, t = torch.cat([x, x]), torch.cat([t, t])
+            text = torch.cat([text, embeds.tensors["negative_prompt_embeds"].to(self.device)])
+        out = self.transformer(hidden_states=x, timestep=t, encoder_hidden_states=text, return_dict=False)[0]
+        out = out.to(torch.promote_types(out.dtype, torch.float32))  # the guidance arithmetic upcast (float64 stays)
+        if not self.do_cfg:  # (B or 2B, C, F', h, w)
+            return out
+        cond, uncond = out.chunk(2)
+        return uncond + self.guidance_scale * (cond - uncond)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Final latents (B, C, F', h, w) → clips (B, F, 3, H, W) float32 in [0, 1]."""
+        latents = latents.to(self.device)
+        latents = latents * self.latents_std.to(latents.device) + self.latents_mean.to(latents.device)
+        video = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
+        return to_unit_images(video).permute(0, 2, 1, 3, 4).contiguous()
+
+
+@register_backbone("wan")
+def build_wan(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
+    return WanPolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)
