@@ -272,7 +272,7 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
 
     from conftest import REPO
     from jagg_core.pipeline.build import policy_from_params
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
     from jagg_core.pipeline.storage import write_prompts_jsonl
     from jagg_core.pipeline.tracking import Tracker
@@ -338,7 +338,7 @@ def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated
     from conftest import REPO
     from jagg_core.evaluation.evaluate import EvalError, evaluate_run
     from jagg_core.media import clips_gif, log_samples
-    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
 
     class Sink:
