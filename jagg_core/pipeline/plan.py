@@ -128,29 +128,64 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         raise ParamsError(f"jagg plan needs a real backbone ({', '.join(ARCHITECTURES)}); profile "
                           f"{params.profile!r} uses {backbone!r}, which runs on a laptop in minutes.")
     arch = ARCHITECTURES[backbone]
-    opts = params.model.options
-    height, width = int(opts.get("height", 512)), int(opts.get("width", 512))
-    guidance = float(opts.get("guidance_scale", 1.0))
-    cfg = 2 if backbone in ("qwenimage", "sd3", "wan") and guidance > 1 else 1
-    frames = int(opts.get("num_frames", 81)) if arch.frames_per_latent else 1
-    ckpt = bool(opts.get("gradient_checkpointing", False))
+    shape = _Shape.of(params, arch)
     sample, train, res = params.sample, params.train, params.resources
     n_gpus = res.num_processes * res.num_machines
-    f = forward_flops(arch, height, width, cfg, frames)
-    b = (3 if ckpt else 2) * f
+    f = forward_flops(arch, shape.height, shape.width, shape.cfg, shape.frames)
     images = sample.prompts_per_iteration * sample.group_size
-    rollout = images * sample.num_steps * f
+    memory, state = _memory(params, arch, shape, n_gpus)
+    rows = _method_rows(params, methods or tuple(params.run.methods), f=f, b=(3 if shape.ckpt else 2) * f,
+                        images=images, state=state, n_gpus=n_gpus, utilisation=utilisation)
+    return {
+        "profile": params.profile, "architecture": arch.name, "architecture_source": arch.source,
+        "gpus": n_gpus, "utilisation": utilisation, "height": shape.height, "width": shape.width,
+        "frames": shape.frames, "cfg_forwards": shape.cfg,
+        "gradient_checkpointing": shape.ckpt, "tokens": shape.tokens, "trainable_params": state["trainable"],
+        "lora_rank": state["rank"], "images_per_iteration": images, "num_steps": sample.num_steps,
+        "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
+        "evaluation": _evaluation(params, f, n_gpus, utilisation), "paper": PAPER.get(params.profile),
+        "commands": [f"jagg run --profile {params.profile}",
+                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run",
+                     f"jagg train --profile {params.profile} --method <method> --seed 0 --machine-rank <r> "
+                     f"--main-process-ip <machine 0>   # one run on resources.num_machines machines (each its r)"],
+    }
 
-    # Parameters and memory per rank (FSDP shards weights, gradients and AdamW state; DDP keeps all on every rank).
+
+@dataclass(frozen=True)
+class _Shape:
+    """What one forward sees: pixels, frames, CFG forwards, gradient checkpointing and the sequence length."""
+
+    height: int
+    width: int
+    frames: int
+    cfg: int
+    ckpt: bool
+    tokens: int
+
+    @classmethod
+    def of(cls, params: Params, arch: Architecture) -> "_Shape":
+        opts = params.model.options
+        height, width = int(opts.get("height", 512)), int(opts.get("width", 512))
+        guidance = float(opts.get("guidance_scale", 1.0))
+        cfg = 2 if params.model.backbone in ("qwenimage", "sd3", "wan") and guidance > 1 else 1
+        frames = int(opts.get("num_frames", 81)) if arch.frames_per_latent else 1
+        return cls(height, width, frames, cfg, bool(opts.get("gradient_checkpointing", False)),
+                   sequence_tokens(arch, height, width, frames))
+
+
+def _memory(params: Params, arch: Architecture, shape: _Shape, n_gpus: int) -> tuple[dict[str, float], dict]:
+    """Memory per rank in GB (FSDP shards weights, gradients and AdamW state; DDP keeps all on every rank), and the
+    byte counts the methods' peaks add their graphs to."""
+    res = params.resources
     rank = int(params.model.lora.rank or 0)
     trainable = _lora_params(arch, rank) if rank else arch.params
     nbytes = _bytes(params.model.dtype)
     shard = n_gpus if res.distributed == "fsdp" else 1
-    tokens = sequence_tokens(arch, height, width, frames)
-    micro = train.micro_batch * cfg
+    micro = params.train.micro_batch * shape.cfg
+    tokens = shape.tokens
     # Activations of one graph: with checkpointing each block keeps its input (S·d) and one block is live; without,
     # Megatron's ~34·S·d bytes per layer at 16 bits (attention scores not materialised: fused attention).
-    per_graph = (arch.layers * tokens * arch.hidden * nbytes + 34 * tokens * arch.hidden) * micro if ckpt else (
+    per_graph = (arch.layers * tokens * arch.hidden * nbytes + 34 * tokens * arch.hidden) * micro if shape.ckpt else (
         34 * tokens * arch.hidden * arch.layers * micro)
     weights = arch.params * nbytes / shard
     lora_state = trainable * 4 * 4 if rank else 0.0  # LoRA adapters float32: weights, grads, 2 AdamW moments
@@ -158,9 +193,16 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     frozen = arch.frozen_params * nbytes
     memory = {"transformer_weights_gb": weights / 1e9, "trainable_state_gb": (lora_state + full_state) / 1e9,
               "frozen_encoders_gb": frozen / 1e9, "activations_per_graph_gb": per_graph / 1e9}
+    return memory, {"rank": rank, "trainable": trainable, "fixed": weights + lora_state + full_state + frozen,
+                    "per_graph": per_graph}
 
+
+def _method_rows(params: Params, names: tuple[str, ...], *, f: float, b: float, images: int, state: dict,
+                 n_gpus: int, utilisation: float) -> list[dict[str, Any]]:
+    """One row per method: forwards per image, PFLOPs, peak memory, seconds and hours per GPU kind, speedups over the
+    first exact method."""
+    rollout = images * params.sample.num_steps * f
     rows = []
-    names = methods or tuple(params.run.methods)
     base = None
     for name in names:
         m = params.method(name)
@@ -172,12 +214,12 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
                "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,
                "iteration_pflop": (rollout + update) / 1e15,
-               "peak_gb_per_rank": (weights + lora_state + full_state + frozen + graphs * per_graph) / 1e9}
+               "peak_gb_per_rank": (state["fixed"] + graphs * state["per_graph"]) / 1e9}
         for gpu, spec in GPUS.items():
             rate = n_gpus * spec["peak_tflops"] * 1e12 * utilisation
             row[f"{gpu}_update_s"] = update / rate
             row[f"{gpu}_iteration_s"] = (rollout + update) / rate
-            row[f"{gpu}_run_h"] = (rollout + update) / rate * train.iterations / 3600
+            row[f"{gpu}_run_h"] = (rollout + update) / rate * params.train.iterations / 3600
         if m.mode == "exact" and base is None:
             base = row
         rows.append(row)
@@ -185,27 +227,17 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         if base:
             row["update_speedup"] = base["update_pflop"] / row["update_pflop"]
             row["iteration_speedup"] = base["iteration_pflop"] / row["iteration_pflop"]
+    return rows
 
-    # Evaluation: the benchmark's prompts (HPDv2: 4 styles × 800) at eval.num_steps, per checkpoint evaluated.
+
+def _evaluation(params: Params, f: float, n_gpus: int, utilisation: float) -> dict[str, float]:
+    """The benchmark's prompts (HPDv2: 4 styles × 800) at eval.num_steps, per checkpoint evaluated."""
     eval_images = 3200
     eval_flops = eval_images * params.eval.num_steps * f
     evaluation = {"images": eval_images, "steps": params.eval.num_steps, "pflop": eval_flops / 1e15}
     for gpu, spec in GPUS.items():
         evaluation[f"{gpu}_s"] = eval_flops / (n_gpus * spec["peak_tflops"] * 1e12 * utilisation)
-
-    return {
-        "profile": params.profile, "architecture": arch.name, "architecture_source": arch.source,
-        "gpus": n_gpus, "utilisation": utilisation, "height": height, "width": width, "frames": frames,
-        "cfg_forwards": cfg,
-        "gradient_checkpointing": ckpt, "tokens": tokens, "trainable_params": trainable,
-        "lora_rank": rank, "images_per_iteration": images, "num_steps": sample.num_steps,
-        "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
-        "evaluation": evaluation, "paper": PAPER.get(params.profile),
-        "commands": [f"jagg run --profile {params.profile}",
-                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run",
-                     f"jagg train --profile {params.profile} --method <method> --seed 0 --machine-rank <r> "
-                     f"--main-process-ip <machine 0>   # one run on resources.num_machines machines (each its r)"],
-    }
+    return evaluation
 
 
 def _fmt(x: float, digits: int = 2) -> str:
