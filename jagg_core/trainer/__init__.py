@@ -3,7 +3,8 @@ curve."""
 
 from .checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, save_checkpoint
 from .curve import TsvCurve
-from .loop import TrainingError, TrainResult, train
+from .errors import TrainingError
+from .loop import TrainResult, train
 from .rollout import Trajectory, rollout
 
 __all__ = [

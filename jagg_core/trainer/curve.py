@@ -38,7 +38,7 @@ class TsvCurve:
     def _parse(self, row: Mapping[Any, Any], line: int) -> dict[str, float]:
         """One row of numbers; anything else is one sentence naming the file and the line (raised in the worker, it
         stays a user error across the process boundary instead of a "died worker" that Prefect retries)."""
-        from .loop import TrainingError
+        from .errors import TrainingError
 
         try:
             return {str(k): float(v) for k, v in row.items() if v not in ("", None)}
