@@ -27,7 +27,7 @@ from .launch import die_with_parent, launch, local_context, read_context, user_e
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
     from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
-    from jagg_core.evaluation.protocols import evaluation_conventions
+    from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
     from jagg_core.sampling import image_grid
     from jagg_core.pipeline.tracking import Tracker

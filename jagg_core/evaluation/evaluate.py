@@ -36,6 +36,7 @@ from ..sampling import derive_seed
 from ..pipeline.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
+from .conventions import evaluation_conventions
 from .protocols import apply_protocol, load_hpdv2_test
 
 __all__ = ["EvalError", "Part", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
@@ -283,6 +284,7 @@ def evaluate_run(
                    ", ".join(f"{m} {s['benchmark']:.4f}" for m, s in res["metrics"].items()))
         curve.append({"step": step, **flat})
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
+             "conventions": evaluation_conventions(params),  # what every score depends on (conventions.py)
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
     if not part.main:
         return final

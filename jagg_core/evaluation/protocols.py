@@ -19,7 +19,8 @@ same images (one per prompt), so both forms appear, labelled, in the toy's repor
 
 The value a table shows per metric (:data:`TABLE_SCALES`): HPSv2.1 and CLIPScore as raw cosines, PickScore as its
 logit-scale score / 100 (the paper's 0.2252; MixGRPO's ``(r * 8 + 18) / 100`` undoes its own normalisation to the
-same), toy rewards as themselves. docs/evaluation.md sets out which anchor paper reports which form.
+same), toy rewards as themselves. What else a score depends on (scorer weights, resolution, steps, guidance, seeds) is
+in conventions.py; docs/evaluation.md sets out which anchor paper reports which form.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from typing import Any, Mapping, Sequence
 
 from ..pipeline.storage import PromptFileError
 
-__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "evaluation_conventions",
-           "load_hpdv2_test", "protocol_forms", "read_test_list", "scorer_variant"]
+__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "load_hpdv2_test",
+           "protocol_forms", "read_test_list"]
 
 PROTOCOLS = ("hpdv2-benchmark", "hpdv2-test")
 HPDV2_MIRRORS = ("zhwang/HPDv2", "ymhao/HPDv2")  # the same files; hpsv2's own code reads the first
@@ -137,53 +138,3 @@ def apply_protocol(summary: dict[str, dict[str, Any]], protocol: str, *, both_fo
         s["protocol"] = protocol
         s["forms"] = protocol_forms(summary, metric, forms)
     return summary
-
-
-def scorer_variant(name: str, options: Mapping[str, Any]) -> str:
-    """What ``name`` scores with, in one line: model, pretrained weights and the scale of the table value."""
-    scale = TABLE_SCALES.get(name, (name, 1.0, "the reward's value"))[2]
-    if name == "hpsv2.1":
-        from ..rewards.hps import HPS_CHECKPOINT, HPS_REPO
-
-        return (f"open_clip {options.get('model_name', 'ViT-H-14')}, pretrained "
-                f"{options.get('checkpoint', HPS_REPO)}:{HPS_CHECKPOINT}; {scale} (x100 in hpsv2's leaderboard)")
-    if name == "pickscore":
-        from ..rewards.pickscore import PICKSCORE_MODEL, PICKSCORE_PROCESSOR
-
-        return (f"{options.get('model', PICKSCORE_MODEL)} with processor "
-                f"{options.get('processor', PICKSCORE_PROCESSOR)}; {scale} (the reward itself: score / 26)")
-    if name == "clipscore":
-        from ..rewards.clipscore import CLIPSCORE_MODEL
-
-        prefix = options.get("prefix", "")
-        return (f"{options.get('model', CLIPSCORE_MODEL)}; {scale} of image and prompt"
-                f"{f' prefixed {prefix!r}' if prefix else ''} (not 2.5 x CLIP-S)")
-    return f"the toy world's {name}; {scale}"
-
-
-def evaluation_conventions(params) -> dict[str, str]:  # noqa: ANN001 (a pipeline Params)
-    """What every evaluation score depends on, as flat strings (MLflow tags, the report's conventions list)."""
-    ev, opts = params.eval, dict(params.model.options)
-    if params.is_toy:
-        size = params.world.image_size
-        resolution, guidance = f"{size}x{size}", opts.get("guidance_scale", params.pretrain.guidance_scale)
-    else:
-        from importlib import import_module
-
-        defaults = import_module(f"jagg_core.policies.{params.model.backbone}").DEFAULTS
-        resolution = f"{opts.get('height', defaults['height'])}x{opts.get('width', defaults['width'])}"
-        guidance = opts.get("guidance_scale", defaults["guidance_scale"])
-    group = "0" if ev.protocol == "hpdv2-test" else "the style's index in file order"
-    out = {
-        "eval.protocol": ev.protocol,
-        "eval.test_set": ("test.json, one image per prompt, plain mean" if ev.protocol == "hpdv2-test" else
-                          f"benchmark/<style>.json, average over styles of block means (blocks of {ev.block_size})")
-        + (" (the toy's test split in HPDv2's layout)" if params.is_toy else " (HPDv2)"),
-        "eval.resolution": resolution,
-        "eval.steps": f"{ev.num_steps} (ODE)",
-        "eval.guidance": str(guidance),
-        "eval.seed_rule": f"image i of a prompt group: derive_seed({ev.seed}, group, i), group = {group}",
-    }
-    for m in ev.metrics:
-        out[f"eval.scorer.{m}"] = scorer_variant(m, params.reward.options.get(m, {}))
-    return out

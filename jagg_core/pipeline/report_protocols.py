@@ -24,9 +24,8 @@ FORM_LABELS = {
 
 def evaluation_section(params, runs: Sequence[Any], base: dict | None) -> dict[str, Any]:  # noqa: ANN001
     """``{"conventions": {...}, "forms": [{"row", "seeds", "values": {metric: {"<form>/<key>": mean}}}]}`` for the
-    base model and each method (the mean over its seeds' final evaluations)."""
-    from ..evaluation.protocols import evaluation_conventions
-
+    base model and each method (the mean over its seeds' final evaluations); the conventions are those the
+    evaluations recorded (their ``metrics.json``), the first that has them."""
     metrics = list(params.eval.metrics)
 
     def values(evals: Sequence[dict]) -> dict[str, dict[str, float]]:
@@ -48,7 +47,8 @@ def evaluation_section(params, runs: Sequence[Any], base: dict | None) -> dict[s
         evals = [r.eval for r in runs if r.method == method and r.eval]
         if evals:
             rows.append({"row": method, "seeds": len(evals), "values": values(evals)})
-    return {"conventions": evaluation_conventions(params), "forms": rows}
+    recorded = [ev.get("conventions") for ev in [base, *(r.eval for r in runs)] if ev and ev.get("conventions")]
+    return {"conventions": recorded[0] if recorded else {"eval.protocol": params.eval.protocol}, "forms": rows}
 
 
 def _form_rows(section: dict[str, Any]) -> list[list[str]]:
