@@ -14,6 +14,8 @@ import pytest
 from jagg_core.evaluation.protocols import apply_protocol, load_hpdv2_test
 from jagg_core.pipeline.storage import PromptFileError
 
+REPO = Path(__file__).resolve().parents[1]
+
 HINT = ("download test.json from the Hugging Face dataset zhwang/HPDv2 into the local Hugging Face cache (hf download "
         "zhwang/HPDv2 test.json --repo-type dataset), or into a folder and pass that folder.")
 
@@ -176,3 +178,28 @@ def test_a_bad_test_list_stops_the_evaluate_stage_with_one_sentence(ci_project):
     assert lines[0].endswith(f"{ci_project / 'bad' / 'test.json'} must hold a non-empty JSON list of objects with a "
                              f"\"prompt\" string, as HPDv2's test.json (entry 1 has none).")
     assert not (ci_project / "eval/ci/base").exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("profile, protocol", [("flux", "hpdv2-test"), ("sd3", "hpdv2-benchmark")])
+def test_a_real_profile_prepares_the_test_set_of_its_protocol(tmp_path, profile, protocol):
+    from jagg_core.pipeline.config import load_params
+    from jagg_core.pipeline.paths import Layout
+    from tasks.prepare import prepare
+
+    hpd = tmp_path / "hpd"
+    write_test_list(hpd, [f"test prompt {i}" for i in range(400)])
+    (hpd / "benchmark").mkdir()
+    for style in ("anime", "concept-art", "paintings", "photo"):
+        (hpd / "benchmark" / f"{style}.json").write_text(json.dumps([f"{style} {i}" for i in range(3)]))
+    (tmp_path / "train.txt").write_text("a cat\na dog\n")
+    params = load_params(REPO / "params.yaml", profile, {"data.train_prompts": str(tmp_path / "train.txt"),
+                                                         "eval.benchmark": str(hpd)})
+    assert params.eval.protocol == protocol  # the paper's profiles evaluate as its tables report
+    lay = Layout(tmp_path, profile)
+    summary = prepare(params, lay)
+    if protocol == "hpdv2-test":
+        assert summary["test"] == {"test": 400} and not lay.benchmark.exists()
+        assert load_hpdv2_test(lay.prompts) == {"test": [f"test prompt {i}" for i in range(400)]}
+    else:
+        assert summary["test"] == {s: 3 for s in ("anime", "concept-art", "paintings", "photo")}
+        assert not (lay.prompts / "test.json").exists()

@@ -48,11 +48,19 @@ def evaluation_conventions(params) -> dict[str, str]:  # noqa: ANN001 (a pipelin
         resolution = f"{opts.get('height', defaults['height'])}x{opts.get('width', defaults['width'])}"
         guidance = opts.get("guidance_scale", defaults["guidance_scale"])
     group = "0" if ev.protocol == "hpdv2-test" else "the style's index in file order"
+    if ev.protocol == "hpdv2-test":
+        test_set = "test.json, one image per prompt, plain mean"
+    else:
+        test_set = f"benchmark/<style>.json, average over styles of block means (blocks of {ev.block_size})"
+    if not params.is_toy:
+        test_set += "; HPDv2"
+    else:
+        test_set += "; the toy's test split in HPDv2's layouts"
+        if ev.protocol == "hpdv2-benchmark":
+            test_set += "; its hpdv2-test form: the plain mean of the same images"
     out = {
         "eval.protocol": ev.protocol,
-        "eval.test_set": ("test.json, one image per prompt, plain mean" if ev.protocol == "hpdv2-test" else
-                          f"benchmark/<style>.json, average over styles of block means (blocks of {ev.block_size})")
-        + (" (the toy's test split in HPDv2's layout)" if params.is_toy else " (HPDv2)"),
+        "eval.test_set": test_set,
         "eval.resolution": resolution,
         "eval.steps": f"{ev.num_steps} (ODE)",
         "eval.guidance": str(guidance),

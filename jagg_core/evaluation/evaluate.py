@@ -79,7 +79,7 @@ def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
     ev = params.eval
     source = ev.benchmark if ev.benchmark else (layout.prompts if params.is_toy else None)
     if ev.protocol == "hpdv2-test":
-        if params.is_toy and not (Path(source) / "test.json").is_file():
+        if params.is_toy and not ev.benchmark and not (Path(source) / "test.json").is_file():
             raise EvalError(f"no test list {source}/test.json; run the prepare stage (`jagg prepare`).")
         return load_hpdv2_test(source, subset=ev.subset)
     if params.is_toy:

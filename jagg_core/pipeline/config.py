@@ -296,7 +296,7 @@ class EvalConfig(_Section):
     )
     metrics: list[str] = Field(default_factory=lambda: ["toy_preference", "toy_fidelity"],
                                description="metrics scored")
-    subset: int | None = Field(None, ge=1, description="first N prompts per style")
+    subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
     num_steps: int = Field(12, ge=1, description="ODE sampling steps")
     seed: int = Field(0, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
     batch_size: int = Field(64, ge=1, description="images per sampling batch")
