@@ -27,6 +27,7 @@ from .launch import die_with_parent, launch, local_context, read_context, user_e
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
     from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
+    from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
     from jagg_core.sampling import image_grid
     from jagg_core.pipeline.tracking import Tracker
@@ -37,7 +38,10 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     method, seed = (None, None) if run == "base" else parse_run_name(run)
     key = "base" if run == "base" else run_fingerprint(params, lay, method, seed)
     tracker = Tracker(params, lay.root)
-    run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    # The evaluation's conventions beside its scores: protocol, scorers (model, weights, scale), resolution, steps,
+    # guidance, the per-prompt seed rule (jagg_core/evaluation/protocols.py)
+    tags = {**orchestration_tags(), **evaluation_conventions(params)}
+    run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=tags)
     logger = tracker.logger(run_id)
     if params.resources.num_processes > 1:
         result = _evaluate_in_processes(params, lay, run, log)
@@ -68,7 +72,8 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
         log.info("ground truth (the world's renders): %s", ", ".join(f"{k} {v:.4f}" for k, v in truth.items()))
     tracker.finish(run_id)  # the base model's run starts here; a method's run was its training run
     main = {k: v["benchmark"] for k, v in result["metrics"].items()}
-    log.info("%s at step %d: %s", run, result["step"], ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
+    log.info("%s at step %d (%s): %s", run, result["step"], params.eval.protocol,
+             ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
     return result
 
 

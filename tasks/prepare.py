@@ -1,8 +1,8 @@
-"""Stage `prepare`: the prompt sets — train.jsonl and the test set as benchmark/<style>.json.
+"""Stage `prepare`: the prompt sets — train.jsonl and the test set as benchmark/<style>.json and/or test.json.
 
-The toy profile generates both from the world's grammar; real profiles copy their training prompts
-(``data.train_prompts``) and the HPSv2.1 benchmark (``eval.benchmark`` or the HF cache) into the same layout, so
-every later stage reads one format.
+The toy profile generates both from the world's grammar (its test split in both layouts); real profiles copy their
+training prompts (``data.train_prompts``) and the test set of ``eval.protocol`` -- HPDv2's benchmark/ or its test.json
+(``eval.benchmark`` or the HF cache) -- into the same layout, so every later stage reads one format.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .common import add_common_args, cli, layout, load, parse_overrides, stage_l
 
 
 def prepare(params: Params, lay: Layout) -> dict:
-    """Write ``data/<profile>/prompts/{train.jsonl, benchmark/<style>.json}``; returns a summary."""
+    """Write ``data/<profile>/prompts/{train.jsonl, benchmark/<style>.json | test.json}``; returns a summary."""
     log = stage_logger("prepare")
     if params.is_toy:
         from jagg_core.world import make_prompt_splits, write_prompt_splits
@@ -32,6 +32,7 @@ def prepare(params: Params, lay: Layout) -> dict:
         write_prompt_splits(lay.prompts, train, test)
     else:
         from jagg_core.evaluation import load_hps_benchmark
+        from jagg_core.evaluation.protocols import load_hpdv2_test
         from jagg_core.pipeline.storage import read_prompts
 
         if not params.data.train_prompts:
@@ -45,10 +46,16 @@ def prepare(params: Params, lay: Layout) -> dict:
                 f"at your .txt or .jsonl file of training prompts (e.g. Flow-GRPO's dataset/pickscore/train.txt)."
             )
         train = read_prompts(params.data.train_prompts)
-        test = load_hps_benchmark(params.eval.benchmark)
+        # The test set of eval.protocol (jagg_core/evaluation/protocols.py): the benchmark's styles or the test list
+        test_list = params.eval.protocol == "hpdv2-test"
+        test = (load_hpdv2_test if test_list else load_hps_benchmark)(params.eval.benchmark)
         write_prompts_jsonl(lay.train_prompts, train)
-        for style, prompts in test.items():
-            atomic_write_text(lay.benchmark / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
+        if test_list:
+            listed = [{"prompt": p} for p in test["test"]]
+            atomic_write_text(lay.prompts / "test.json", json.dumps(listed, indent=1) + "\n")
+        else:
+            for style, prompts in test.items():
+                atomic_write_text(lay.benchmark / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
     summary = {"train": len(train), "test": {s: len(p) for s, p in test.items()}, "dir": str(lay.prompts)}
     log.info("prompts: %d train, test %s -> %s", summary["train"], summary["test"], lay.prompts)
     return summary

@@ -209,8 +209,10 @@ def test_splits_are_disjoint_and_round_trip(tmp_path):
     assert [json.loads(line)["prompt"] for line in lines] == train
     assert read_benchmark(tmp_path / "prompts" / "benchmark") == test
     assert read_benchmark(tmp_path / "prompts" / "benchmark", styles=["pair"]) == {"pair": test["pair"]}
+    listed = json.loads((tmp_path / "prompts" / "test.json").read_text())  # the same split as one test list
+    assert listed == [{"prompt": p, "style": s} for s in sorted(test) for p in test[s]]
     names = sorted(p.name for p in (tmp_path / "prompts").rglob("*"))
-    assert names == sorted(["train.jsonl", "benchmark", *(f"{s}.json" for s in FAMILIES)])  # no temp files left
+    assert names == sorted(["train.jsonl", "test.json", "benchmark", *(f"{s}.json" for s in FAMILIES)])  # no temp files
 
 
 @pytest.mark.parametrize(

@@ -36,6 +36,8 @@ from ..sampling import derive_seed
 from ..pipeline.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
+from .conventions import evaluation_conventions
+from .protocols import apply_protocol, load_hpdv2_test
 
 __all__ = ["EvalError", "Part", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
 
@@ -72,9 +74,14 @@ class Part:
 
 
 def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
-    """The test set by style: the toy split written by the prepare stage, or the HPSv2.1 benchmark."""
+    """The test set of ``eval.protocol`` by prompt group: the benchmark's styles, or the test list as one group
+    ``test``; the toy's written by the prepare stage, a real profile's from ``eval.benchmark`` or the HF cache."""
     ev = params.eval
     source = ev.benchmark if ev.benchmark else (layout.prompts if params.is_toy else None)
+    if ev.protocol == "hpdv2-test":
+        if params.is_toy and not ev.benchmark and not (Path(source) / "test.json").is_file():
+            raise EvalError(f"no test list {source}/test.json; run the prepare stage (`jagg prepare`).")
+        return load_hpdv2_test(source, subset=ev.subset)
     if params.is_toy:
         styles = sorted(p.stem for p in (Path(source) / "benchmark").glob("*.json")) if Path(source).is_dir() else []
         if not styles:
@@ -173,7 +180,7 @@ def evaluate_step(
         shares = part.gather(score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size,
                                                 progress=progress and part.main, part=(part.rank, part.world)))
         scores = merge_score_parts(shares, prompts)
-    summary = summarize_scores(scores, block_size=ev.block_size)
+    summary = _summary(params, scores)
     result = {"step": step, "metrics": summary}
     if part.main:
         atomic_write_text(out_dir / "scores.jsonl",
@@ -207,18 +214,30 @@ def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
             _save_jpeg(image_path(images_dir, s, i), torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0)
     metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
     scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size)
-    result = {"run": "ground-truth", "step": 0, "metrics": summarize_scores(scores, block_size=ev.block_size)}
+    result = {"run": "ground-truth", "step": 0, "metrics": _summary(params, scores)}
     atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     return result
 
 
+def _summary(params: Params, scores: Mapping[str, Any]) -> dict[str, Any]:
+    """The summary by ``eval.protocol``; the toy's test list is its benchmark split, so its images give both forms."""
+    summary = summarize_scores(scores, block_size=params.eval.block_size)
+    return apply_protocol(summary, params.eval.protocol,
+                          both_forms=params.is_toy and params.eval.protocol == "hpdv2-benchmark")
+
+
 def _flat(summary: Mapping[str, Any]) -> dict[str, float]:
-    """``eval/<metric>`` (benchmark protocol) and ``eval/<metric>/<style>`` for logging."""
+    """``eval/<metric>`` (the protocol's headline), ``eval/<metric>/<style>`` and each protocol form's table value,
+    ``eval/<metric>/form/<protocol>[-x100]``, for logging."""
     out = {}
     for metric, s in summary.items():
         out[f"eval/{metric}"] = s["benchmark"]
         for style, st in s["styles"].items():
             out[f"eval/{metric}/{style}"] = st["block_mean"]
+        for form, values in s.get("forms", {}).items():
+            out[f"eval/{metric}/form/{form}"] = values["raw"]
+            if "x100" in values:
+                out[f"eval/{metric}/form/{form}-x100"] = values["x100"]
     return out
 
 
@@ -275,6 +294,7 @@ def evaluate_run(
                    ", ".join(f"{m} {s['benchmark']:.4f}" for m, s in res["metrics"].items()))
         curve.append({"step": step, **flat})
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
+             "conventions": evaluation_conventions(params),  # what every score depends on (conventions.py)
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
     if not part.main:
         return final

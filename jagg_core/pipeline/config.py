@@ -290,14 +290,18 @@ class RewardConfig(_Section):
 
 
 class EvalConfig(_Section):
+    protocol: Literal["hpdv2-benchmark", "hpdv2-test"] = Field(
+        "hpdv2-benchmark", description="test set and summary: HPDv2's benchmark/ (4 styles, block means) or its "
+        "400-prompt test.json (plain mean); jagg_core/evaluation/protocols.py, docs/evaluation.md")
     benchmark: str | None = Field(
-        None, description="folder with benchmark/<style>.json (HPDv2 for real profiles; default: the toy test split)"
+        None, description="HPDv2 folder with benchmark/<style>.json and test.json (default: the HF cache; the toy: "
+        "its test split)"
     )
     metrics: list[str] = Field(default_factory=lambda: ["toy_preference", "toy_fidelity"],
                                description="metrics scored")
-    subset: int | None = Field(None, ge=1, description="first N prompts per style")
+    subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
     num_steps: int = Field(12, ge=1, description="ODE sampling steps")
-    seed: int = Field(0, description="base seed; prompt i of a style uses seed + i")
+    seed: int = Field(0, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
     batch_size: int = Field(64, ge=1, description="images per sampling batch")
     block_size: int = Field(16, ge=1, description="HPSv2 protocol block size")
     num_images_logged: int = Field(8, ge=0, description="test images logged to MLflow per checkpoint")

@@ -22,6 +22,7 @@ from ..cost import ideal_speedup
 from .paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
 from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_stacked_bars
+from .report_protocols import evaluation_html, evaluation_markdown, evaluation_section
 from .storage import atomic_write_text
 
 __all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
@@ -227,7 +228,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
                "ground_truth": {m: truth["metrics"][m]["benchmark"] for m in metrics if m in truth["metrics"]}
                if truth else None,
-               "grid_columns": grid_columns}
+               "grid_columns": grid_columns, "evaluation": evaluation_section(params, runs, base)}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
     atomic_write_text(out / "README.md", _markdown(params, summary))
     atomic_write_text(out / "index.html", _html(params, summary))
@@ -355,8 +356,8 @@ def _markdown(params: Params, summary: dict) -> str:
     parts = [f"# jagg report — profile `{params.profile}`\n",
              "Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation, same seeds, "
              "same rollouts budget.\n",
-             "## Final evaluation (test set, benchmark protocol; mean ± std over seeds)\n",
-             markdown_table(_final_table(summary, metrics)),
+             f"## Final evaluation (test set, protocol `{params.eval.protocol}`; mean ± std over seeds)\n",
+             markdown_table(_final_table(summary, metrics)), evaluation_markdown(summary["evaluation"], markdown_table),
              *[part for m in metrics for part in (f"## Per seed: final `{m}` (gain over the base model)\n",
                                                   markdown_table(_seed_rows(summary, m)))],
              f"## Paired by seed: differences of final `{metrics[0]}` (Student-t 95% interval)\n",
@@ -393,7 +394,7 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 .wide{{overflow-x:auto}}.wide table{{font-size:0.85em}}</style></head>
 <body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
 <p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
-<h2>Final evaluation (mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}
+<h2>Final evaluation (protocol {params.eval.protocol}; mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}{evaluation_html(summary["evaluation"], _html_table)}
 {"".join(f"<h2>Per seed: final {html.escape(m)} (gain over the base model)</h2>{_html_table(_seed_rows(summary, m))}" for m in metrics)}
 <h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
 <h2>Speed per iteration</h2><div class="wide">{_html_table(_speed_rows(summary))}</div>

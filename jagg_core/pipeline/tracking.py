@@ -195,8 +195,7 @@ class Tracker:
                                 "create a run")
             self.log_params(run_id, self.params.model_dump(mode="json"))
         elif extra_tags:
-            for k, v in extra_tags.items():
-                self._call(lambda: self.client.set_tag(run_id, k, v), "tag a run")
+            self.set_tags(run_id, extra_tags)  # one call for them all
         return run_id
 
     def _source_tags(self) -> dict[str, str]:

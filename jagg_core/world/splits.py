@@ -68,7 +68,8 @@ def make_prompt_splits(seed: int, n_train: int, n_test_per_style: int) -> tuple[
 
 
 def write_prompt_splits(out_dir: str | Path, train: Sequence[str], test: Mapping[str, Sequence[str]]) -> None:
-    """Write ``out_dir/train.jsonl`` and ``out_dir/benchmark/<style>.json``; validated first, each file atomic."""
+    """Write ``out_dir/train.jsonl``, ``out_dir/benchmark/<style>.json`` and ``out_dir/test.json`` (the test split as
+    one list of ``{"prompt", "style"}``, HPDv2's test-list layout); validated first, each file atomic."""
     train = _validate_prompts(train, "the train split")
     if not isinstance(test, Mapping) or not test:
         raise ValueError("the test split must be a non-empty mapping from style name to prompts.")
@@ -82,6 +83,9 @@ def write_prompt_splits(out_dir: str | Path, train: Sequence[str], test: Mapping
     write_prompts_jsonl(out_dir / "train.jsonl", train)
     for style, prompts in test.items():
         atomic_write_text(out_dir / "benchmark" / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
+    # The same prompts as one test list in HPDv2's test.json layout, style after style (eval.protocol: hpdv2-test).
+    listed = [{"prompt": p, "style": style} for style in sorted(test) for p in test[style]]
+    atomic_write_text(out_dir / "test.json", json.dumps(listed, indent=1) + "\n")
 
 
 def read_benchmark(folder: str | Path, styles: Sequence[str] | None = None) -> dict[str, list[str]]:
