@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
-from jagg_core.pipeline.report import markdown_table
+from jagg_core.pipeline.report_pages import markdown_table
 
 __all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
            "write_markdown"]

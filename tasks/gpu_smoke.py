@@ -437,7 +437,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 def render_table(result: Mapping[str, Any]) -> str:
     """The result as markdown: a settings line, the per-method table, and the verdict."""
-    from jagg_core.pipeline.report import markdown_table
+    from jagg_core.pipeline.report_pages import markdown_table
 
     c, m, rec = result["config"], result["model"], result["recipe"]
     gpu = f" ({result['machine']['gpu']})" if "gpu" in result["machine"] else ""

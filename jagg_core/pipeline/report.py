@@ -1,5 +1,6 @@
-"""The comparison report: the speed table, the iteration breakdown, paired differences and the pages (summary.json,
-README.md, index.html); its figures and image grids are drawn by :mod:`jagg_core.pipeline.report_figures`.
+"""The comparison report: the speed table, the iteration breakdown, paired differences and summary.json; the pages
+(README.md, index.html) are written by :mod:`jagg_core.pipeline.report_pages`, its figures and image grids drawn by
+:mod:`jagg_core.pipeline.report_figures`.
 
 Reads what the stages wrote — ``eval/<profile>/<run>/metrics.json`` and images, ``runs/<profile>/<run>/curve.tsv`` —
 and writes ``reports/<profile>/{index.html, README.md, *.png, summary.json}``. Nothing here trains or samples.
@@ -8,7 +9,6 @@ and writes ``reports/<profile>/{index.html, README.md, *.png, summary.json}``. N
 from __future__ import annotations
 
 import csv
-import html
 import io
 import json
 import math
@@ -22,11 +22,12 @@ from ..cost import ideal_speedup
 from .paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
 from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_stacked_bars
-from .report_protocols import evaluation_html, evaluation_markdown, evaluation_section
+from .report_pages import fmt, page_html, page_markdown
+from .report_protocols import evaluation_section
 from .storage import atomic_write_text
 
 __all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
-           "markdown_table", "read_curve", "speed_table", "PHASES"]
+           "read_curve", "speed_table", "PHASES"]
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -150,8 +151,8 @@ def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     names = [name for name, _ in PHASES] + ["other"]
     table = [["method"] + names + ["iteration s", "overhead"]]
     for r in rows:
-        table.append([r["method"]] + [_fmt(r["phases"][n], 3) for n in names] +
-                     [_fmt(r["iteration_s"], 3), f"{r['overhead_share']:.1%}"])
+        table.append([r["method"]] + [fmt(r["phases"][n], 3) for n in names] +
+                     [fmt(r["iteration_s"], 3), f"{r['overhead_share']:.1%}"])
     return table
 
 
@@ -166,12 +167,6 @@ def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[floa
                     if key.startswith(prefix) and v == v:
                         out[kind].setdefault(int(key[len(prefix):]), []).append(v)
     return {k: {g: (*mean_std(vs), len(vs)) for g, vs in sorted(d.items())} for k, d in out.items()}
-
-
-def _fmt(x: Any, digits: int = 4) -> str:
-    if isinstance(x, float):
-        return "–" if math.isnan(x) else f"{x:.{digits}f}"
-    return str(x)
 
 
 def build_report(params: Params, lay: Layout) -> dict[str, Any]:
@@ -230,8 +225,9 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
                if truth else None,
                "grid_columns": grid_columns, "evaluation": evaluation_section(params, runs, base)}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
-    atomic_write_text(out / "README.md", _markdown(params, summary))
-    atomic_write_text(out / "index.html", _html(params, summary))
+    breakdown = breakdown_rows(summary.get("iteration_breakdown", []))
+    atomic_write_text(out / "README.md", page_markdown(params, summary, breakdown))
+    atomic_write_text(out / "index.html", page_html(params, summary, breakdown))
     return summary
 
 
@@ -277,131 +273,3 @@ def paired_differences(per_run: Sequence[dict[str, Any]], metric: str) -> list[d
             diffs = [final[(a, s)] - final[(b, s)] for s in seeds]
             out.append({"a": a, "b": b, "metric": metric, "seeds": seeds, "diffs": diffs, **paired_interval(diffs)})
     return out
-
-
-def _final_table(summary: dict, metrics: Sequence[str]) -> list[list[str]]:
-    head = ["method", "seeds"] + metrics
-    rows = [head]
-    if summary.get("ground_truth"):
-        rows.append(["ground truth (the world's renders)", "–"] +
-                    [_fmt(summary["ground_truth"].get(m, float("nan"))) for m in metrics])
-    if summary["base"]:
-        rows.append(["base model (step 0)", "–"] + [_fmt(summary["base"][m]) for m in metrics])
-    for r in summary["final"]:
-        rows.append([r["method"], str(r.get("seeds", 0))] +
-                    [f"{_fmt(r[m][0])} ± {_fmt(r[m][1])}" if r.get("seeds", 0) > 1 else _fmt(r[m][0])
-                     for m in metrics])  # one seed has no spread to show
-    return rows
-
-
-def _seed_rows(summary: dict, metric: str) -> list[list[str]]:
-    """Per method and seed: the final ``metric`` and its gain over the base model; with a ground truth, the share of
-    the base model's gap to it that the mean gain closes."""
-    seeds = sorted({r["seed"] for r in summary["runs"]})
-    base = (summary["base"] or {}).get(metric)
-    gap = (summary.get("ground_truth") or {}).get(metric, float("nan")) - base if base is not None else float("nan")
-    rows = [["method"] + [f"seed {s}" for s in seeds] + ["mean gain"] + (["gap closed"] if gap == gap else [])]
-    for method in dict.fromkeys(r["method"] for r in summary["runs"]):
-        got = {r["seed"]: r["final"].get(metric) for r in summary["runs"] if r["method"] == method}
-        cells, gains = [], []
-        for s in seeds:
-            v = got.get(s)
-            if v is None:
-                cells.append("–")
-            elif base is None:
-                cells.append(_fmt(v))
-            else:
-                gains.append(v - base)
-                cells.append(f"{_fmt(v)} ({v - base:+.4f})")
-        mean_gain = statistics.fmean(gains) if gains else float("nan")
-        rows.append([method] + cells + [f"{mean_gain:+.4f}" if gains else "–"] +
-                    ([f"{mean_gain / gap:.0%}" if gains and gap > 0 else "–"] if gap == gap else []))
-    return rows
-
-
-def _paired_rows(summary: dict) -> list[list[str]]:
-    rows = [["difference", "seeds", "mean", "95% interval", "per seed"]]
-    for p in summary["paired"]:
-        rows.append([f"{p['a']} − {p['b']}", str(p["n"]), f"{p['mean']:+.4f}",
-                     f"[{p['lo']:+.4f}, {p['hi']:+.4f}]" if p["n"] > 1 else "–",
-                     ", ".join(f"{d:+.4f}" for d in p["diffs"])])
-    return rows
-
-
-def _speed_rows(summary: dict) -> list[list[str]]:
-    batched = any("update_speedup_vs_batched" in r for r in summary["speed"])
-    rows = [["method", "mode", "W", "jagg_frac", "s/iteration", "update s", "backward s", "backward calls",
-             "update speedup", *(["vs exact-batched", "vs better exact"] if batched else []), "ideal (cost model)",
-             "measured/ideal gain", "iteration speedup"]]
-    for r in summary["speed"]:
-        extra = [_fmt(r.get(k, float("nan")), 2) + "×" for k in ("update_speedup_vs_batched",
-                                                                 "update_speedup_vs_best_exact")] if batched else []
-        rows.append([r["method"], r["mode"], str(r["window"]), _fmt(r["jagg_frac"], 2), _fmt(r["time/iteration"], 2),
-                     _fmt(r["time/update"], 2), _fmt(r["time/backward"], 2), _fmt(r["backward_calls"], 1),
-                     _fmt(r.get("update_speedup", float("nan")), 2) + "×", *extra,
-                     _fmt(r["ideal_update_speedup"], 2) + "×", _fmt(r.get("measured_over_ideal", float("nan")), 2),
-                     _fmt(r.get("iteration_speedup", float("nan")), 2) + "×"])
-    return rows
-
-
-def markdown_table(rows: Sequence[Sequence[object]]) -> str:
-    """A GitHub markdown table; the first row is the header (the report's and the benchmark page's one writer)."""
-    head = [str(c) for c in rows[0]]
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] +
-                     ["| " + " | ".join(str(c) for c in r) + " |" for r in rows[1:]]) + "\n"
-
-
-def _markdown(params: Params, summary: dict) -> str:
-    metrics = list(params.eval.metrics)
-    parts = [f"# jagg report — profile `{params.profile}`\n",
-             "Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation, same seeds, "
-             "same rollouts budget.\n",
-             f"## Final evaluation (test set, protocol `{params.eval.protocol}`; mean ± std over seeds)\n",
-             markdown_table(_final_table(summary, metrics)), evaluation_markdown(summary["evaluation"], markdown_table),
-             *[part for m in metrics for part in (f"## Per seed: final `{m}` (gain over the base model)\n",
-                                                  markdown_table(_seed_rows(summary, m)))],
-             f"## Paired by seed: differences of final `{metrics[0]}` (Student-t 95% interval)\n",
-             markdown_table(_paired_rows(summary)),
-             "## Speed (per iteration; update = forward + backward on stored experience)\n",
-             markdown_table(_speed_rows(summary)),
-             "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
-             "for JAGG with no-grad middle steps, W/2 with rollout-velocity reuse. 'measured/ideal gain' is "
-             "(measured − 1)/(ideal − 1).\n",
-             "## Where an iteration's time goes (seconds, mean per iteration)\n",
-             markdown_table(breakdown_rows(summary.get("iteration_breakdown", []))),
-             "Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (what is neither rollout, "
-             "reward nor the update stage).\n"]
-    for key, name in summary["figures"].items():
-        parts.append(f"## {key}\n\n![{key}]({name})\n")
-    return "\n".join(parts)
-
-
-def _html_table(rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows[1:])
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def _html(params: Params, summary: dict) -> str:
-    metrics = list(params.eval.metrics)
-    figs = "".join(f"<h2>{html.escape(k)}</h2><img src=\"{html.escape(v)}\" alt=\"{html.escape(k)}\">"
-                   for k, v in summary["figures"].items())
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>jagg report — {html.escape(params.profile)}</title>
-<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
-table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}
-th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max-width:100%}}
-.wide{{overflow-x:auto}}.wide table{{font-size:0.85em}}</style></head>
-<body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
-<p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
-<h2>Final evaluation (protocol {params.eval.protocol}; mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}{evaluation_html(summary["evaluation"], _html_table)}
-{"".join(f"<h2>Per seed: final {html.escape(m)} (gain over the base model)</h2>{_html_table(_seed_rows(summary, m))}" for m in metrics)}
-<h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
-<h2>Speed per iteration</h2><div class="wide">{_html_table(_speed_rows(summary))}</div>
-<p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
-<h2>Where an iteration's time goes (seconds, mean per iteration)</h2><div class="wide">{_html_table(breakdown_rows(summary.get("iteration_breakdown", [])))}</div>
-<p>Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (neither rollout, reward nor the
-update stage).</p>
-{figs}
-</body></html>
-"""
