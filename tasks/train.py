@@ -102,12 +102,33 @@ def accelerate_command(params: Params, method: str, worker_args: list[str], mach
         cmd += ["--config_file", res.accelerate_config]
     cmd += ["--num_processes", str(res.num_processes * res.num_machines), "--num_machines", str(res.num_machines),
             "--machine_rank", str(machine.rank), "--main_process_port", str(port),
-            "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no"]
+            "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no",
+            "--num_cpu_threads_per_process", str(worker_threads(params))]
     if res.num_processes * res.num_machines > 1 and not res.accelerate_config:
         cmd += ["--multi_gpu"]  # also the multi-process switch on CPU (gloo), with Accelerator(cpu=True)
     if machine.address:
         cmd += ["--main_process_ip", machine.address]
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
+
+
+def worker_threads(params: Params, environ: dict | None = None) -> int:
+    """The torch CPU threads of each worker: ``resources.num_threads``, else ``OMP_NUM_THREADS``, else torch's own
+    default (what a process of its own gets: its physical cores) shared by this machine's processes.
+
+    The number a worker trains with changes float reductions, hence the weights' last bits: without it `accelerate
+    launch` sets ``OMP_NUM_THREADS=1``, so a run trained by `jagg train` / `jagg run` differed (~6e-8) from the same
+    run trained by `jagg train --worker` in a process of its own, and a resume could only be compared to a run of
+    the same launcher. With it, both paths train with the same threads and the same bits.
+    """
+    env = os.environ if environ is None else environ
+    if params.resources.num_threads:
+        return params.resources.num_threads
+    given = env.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    import torch  # this process never sets its thread count: torch's default
+
+    return max(1, torch.get_num_threads() // params.resources.num_processes)
 
 
 def pending_file(lay: Layout, run: str) -> Path:
