@@ -28,6 +28,7 @@ from pathlib import Path
 
 from prefect import task
 
+from jagg_core.errors import UserError
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
@@ -36,8 +37,8 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import (die_with_parent, launch, local_context, read_context, remove_stale_contexts, stop_on_signals,
-                     user_error, write_context)
+from .launch import (die_with_parent, error_class, launch, local_context, read_context, remove_stale_contexts,
+                     report_error_class, stop_on_signals, user_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -181,10 +182,31 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
         raise _failure(run, rc, tail)
 
 
+def check_train_prompts(params: Params, lay: Layout) -> None:
+    """Before any worker starts: the training prompts read (one sentence for an empty prompt or a lone surrogate)
+    and, on the toy world, each one a prompt of its grammar (``""``, 10,000 characters of anything: one sentence
+    naming the line, not a worker's traceback)."""
+    from jagg_core.pipeline.storage import PromptFileError, read_prompts
+
+    prompts = read_prompts(lay.train_prompts)
+    if not params.is_toy:
+        return
+    from jagg_core.world import parse_prompt
+
+    for n, prompt in enumerate(prompts, 1):
+        try:
+            parse_prompt(prompt)
+        except ValueError:
+            shown = repr(prompt[:60]) + (f"… ({len(prompt)} characters)" if len(prompt) > 60 else "")
+            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown} is not a prompt of the toy world's "
+                                  f"grammar; regenerate the file with `jagg prepare`.") from None
+
+
 def _failure(run: str, rc: int, tail: deque) -> TrainingError:
     error = user_error(tail)
-    if error:  # the run's own error: the same input fails the same way again
-        return TrainingError(f"training run {run} failed: {error}")
+    if error:  # the run's own error, as its own class: the same input fails the same way again (never retried)
+        cls = error_class(tail, TrainingError)
+        return (TrainingError if issubclass(cls, WorkerDied) else cls)(f"training run {run} failed: {error}")
     return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
 
 
@@ -216,6 +238,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
     log = stage_logger("train")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
+    check_train_prompts(params, lay)
     machine = machine or Machine.resolve(params)
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)
@@ -236,7 +259,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     try:
         write_context(context, params, lay, mlflow_run, key, restart)
         _launch_workers(params, lay, method, seed, machine, context, log)
-    except TrainingError:
+    except UserError:  # the run's own error (its worker's class) or a died worker
         tracker.finish(mlflow_run, "FAILED")
         raise
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through stop_on_signals: the run did not fail, it was stopped
@@ -345,13 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
         die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
         params, lay, ctx = read_context(args.worker_context)
-        worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
-               restart=ctx.get("restart", False))
+        with report_error_class():  # its own error reaches the launcher as its own class
+            worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
+                   restart=ctx.get("restart", False))
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     seed = params.run.seeds[0] if args.seed is None else args.seed
     params.method(args.method)  # an unknown method fails here, before anything starts
     if args.worker:
+        check_train_prompts(params, layout(params))
         worker(params, layout(params), args.method, seed, restart=args.restart)
     else:
         machine = Machine.resolve(params, args.machine_rank, args.main_process_ip, args.main_process_port)
