@@ -20,12 +20,15 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import run_name
+from jagg_core.pipeline.redact import redact
 from tasks.common import load
 from tasks.evaluate import evaluate_task
 from tasks.prepare import prepare_task
 from tasks.pretrain import pretrain_task
 from tasks.report import report_task
 from tasks.train import train_task
+
+from .secrets import restore
 
 # Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
 _SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")
@@ -46,6 +49,7 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
     if overrides is not None and not isinstance(overrides, dict):
         raise ParamsError(f"overrides must be a mapping of dotted keys to values, e.g. {{\"train.iterations\": 8}}; "
                           f"got {type(overrides).__name__}.")
+    overrides = restore(overrides)  # `jagg run` hands Prefect its secrets redacted (flows/secrets.py)
     shared = sorted(k for k in overrides or {} if k.startswith(_SHARED_SECTIONS))
     if shared:
         raise ParamsError(f"override {shared[0]} would change the prompt set or the base model that a sweep point "
@@ -77,7 +81,7 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     params = flow_params(profile, params_file, overrides)
     sweep = sweep_name(sweep)
     if params.outputs:
-        print(f"sweep point {params.outputs}: {json.dumps(overrides, sort_keys=True)}")
+        print(f"sweep point {params.outputs}: {json.dumps(redact(overrides), sort_keys=True, default=str)}")
     prepare_task(params)
     pretrain_task(params)
     evaluate_task(params, "base", sweep)

@@ -21,6 +21,7 @@ from tasks.common import ROOT, ServiceError, add_common_args, cli, free_port, la
 from tasks.launch import die_with_parent, stop_on_signals
 
 from .reproduce import flow_params, reproduce
+from .secrets import withhold
 
 
 @contextlib.contextmanager
@@ -143,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     stop_on_signals()  # SIGTERM / Ctrl-C: the trainers' groups stop at once, then the temporary server
     try:
         with temporary_server():
-            _in_a_thread(reproduce, profile=params.profile, parallel_runs=args.parallel_runs, overrides=overrides,
+            # Prefect stores a flow run's parameters: its secrets go redacted, the flow puts them back in-process.
+            _in_a_thread(reproduce, profile=params.profile, parallel_runs=args.parallel_runs,
+                         overrides=withhold(overrides),
                          params_file=args.params, sweep=f"run-{time.strftime('%Y%m%d-%H%M%S')}",
                          restart=args.restart)
     except KeyboardInterrupt as e:

@@ -8,20 +8,25 @@ launcher.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 from collections import deque
 from pathlib import Path
+from typing import Iterator
 
+from jagg_core.errors import UserError
 from jagg_core.pipeline.config import Params
 from jagg_core.pipeline.paths import Layout
 
-__all__ = ["Interrupted", "die_with_parent", "launch", "stop_on_signals", "local_context", "read_context", "remove_stale_contexts", "user_error",
-           "write_context"]
+__all__ = ["Interrupted", "die_with_parent", "error_class", "launch", "stop_on_signals", "local_context", "read_context",
+           "remove_stale_contexts", "report_error_class", "user_error", "write_context"]
 
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
@@ -142,6 +147,36 @@ def user_error(tail: deque) -> str | None:
     """The workers' own error sentence (``jagg: error: ...``) among their last lines, if they stopped with one."""
     errors = [ln for ln in tail if ln.startswith("jagg: error:")]
     return errors[-1].removeprefix("jagg: error: ") if errors else None
+
+
+_ERROR_CLASS = "jagg: error class: "
+
+
+@contextlib.contextmanager
+def report_error_class() -> Iterator[None]:
+    """In a worker: an error of its own (a :class:`~jagg_core.errors.UserError`) also names its class on stderr, just
+    before the entry point prints its sentence, so that its launcher raises the same class (:func:`error_class`)."""
+    try:
+        yield
+    except UserError as e:
+        print(f"{_ERROR_CLASS}{type(e).__module__}:{type(e).__qualname__}", file=sys.stderr, flush=True)
+        raise
+
+
+def error_class(tail: deque, default: type[UserError]) -> type[UserError]:
+    """The user-error class a worker named among its last lines (one of the project's own, looked up by name, never
+    anything else: the line is a worker's output), else ``default``."""
+    names = [ln.removeprefix(_ERROR_CLASS) for ln in tail if ln.startswith(_ERROR_CLASS)]
+    if not names:
+        return default
+    module, _, name = names[-1].partition(":")
+    if module.split(".")[0] not in ("jagg_core", "tasks") or not name.isidentifier():
+        return default
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return default
+    return cls if isinstance(cls, type) and issubclass(cls, UserError) else default
 
 
 def remove_stale_contexts(folder: Path, pattern: str) -> None:

@@ -65,16 +65,65 @@ def _pids() -> dict[str, int]:
 
 def _alive(pid: int) -> bool:
     try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # a child of this process (stopped after an interrupt): reaped
+            return False
+    except ChildProcessError:
+        pass
+    try:
         os.kill(pid, 0)
         return True
     except OSError:
         return False
 
 
+def _interruptible() -> None:
+    """SIGTERM and SIGINT raise :class:`tasks.launch.Interrupted` (a KeyboardInterrupt with the signal's number) in
+    the main thread, so what was started is stopped in ``except``/``finally`` and the entry point exits 128 + signal.
+    (SIGTERM or Ctrl-C used to end `jagg services up` mid-start without stopping the server it had started; `jagg
+    ui`, an ``exec`` of mlflow, exited 0 after SIGTERM.)"""
+    from .launch import Interrupted
+
+    def handler(signum: int, frame) -> None:  # noqa: ANN001
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up, bounded: a second signal does not cut it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def _stop(pid: int) -> None:
+    """Stop ``pid``'s process group, every process of it (SIGTERM; SIGKILL after 10 s)."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        return
+    for _ in range(50):
+        _alive(pid)  # reaps it if it is a child of this process
+        try:
+            os.killpg(pid, 0)  # anything of the group left?
+        except OSError:
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict[str, str]:
-    """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI)."""
+    """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI); interrupted
+    (SIGTERM, Ctrl-C) or failing half-way, it stops what it started."""
     if any(_alive(p) for p in _pids().values()):
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
+    try:
+        return _up(host, prefect_port, mlflow_port, pool)
+    except BaseException:
+        down()
+        raise
+
+
+def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict[str, str]:
     api = f"http://{host}:{prefect_port}/api"
     env = _env(api)
     # The UI's pages call the API at PREFECT_UI_API_URL (default port 4200): point it at this server's own port.
@@ -85,6 +134,7 @@ def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
+    (STATE / "pids.json").write_text(json.dumps(pids))
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}"}
     if mlflow_port:
         from jagg_core.pipeline.tracking import resolve_uri
@@ -101,19 +151,24 @@ def down() -> None:
     pids = _pids()
     for name in ("worker", "mlflow", "server"):  # the worker before its server
         pid = pids.get(name)
-        if not pid or not _alive(pid):
-            continue
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            continue
-        for _ in range(50):
-            if not _alive(pid):
-                break
-            time.sleep(0.2)
-        else:
-            os.killpg(pid, signal.SIGKILL)
+        if pid and _alive(pid):
+            _stop(pid)
     (STATE / "pids.json").unlink(missing_ok=True)
+
+
+def ui(host: str, port: int) -> int:
+    """The MLflow UI in the foreground on the project's store, in a process group of its own that SIGTERM and
+    Ctrl-C stop whole (mlflow's parent process and its server)."""
+    from jagg_core.pipeline.tracking import resolve_uri
+
+    store = resolve_uri(load().tracking.mlflow_uri, ROOT)
+    proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", host, "--port", str(port), "--backend-store-uri",
+                             store, "--workers", "1"], env=_env(), start_new_session=True)
+    try:
+        return proc.wait()
+    finally:
+        _stop(proc.pid)
+        proc.wait()
 
 
 @cli
@@ -125,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mlflow-port", type=int, default=5000, help="0 = no MLflow UI")
     ap.add_argument("--pool", default="jagg", help="process work pool name (prefect.yaml uses 'jagg')")
     args = ap.parse_args(argv)
+    _interruptible()
     if args.action == "up":
         urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool)
         print("\n".join(f"{k}: {v}" for k, v in urls.items()))
@@ -135,12 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, pid in _pids().items():
             print(f"{name}: pid {pid} {'running' if _alive(pid) else 'stopped'}")
     else:  # ui: the MLflow UI in the foreground on the project's store
-        from jagg_core.pipeline.tracking import resolve_uri
-
-        store = resolve_uri(load().tracking.mlflow_uri, ROOT)
-        os.execve(str(BIN / "mlflow"), [str(BIN / "mlflow"), "server", "--host", args.host, "--port",
-                                         str(args.mlflow_port), "--backend-store-uri", store, "--workers", "1"],
-                  _env())
+        return ui(args.host, args.mlflow_port)
     return 0
 
 

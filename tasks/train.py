@@ -28,6 +28,7 @@ from pathlib import Path
 
 from prefect import task
 
+from jagg_core.errors import UserError
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
@@ -36,8 +37,8 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import (die_with_parent, launch, local_context, read_context, remove_stale_contexts, stop_on_signals,
-                     user_error, write_context)
+from .launch import (die_with_parent, error_class, launch, local_context, read_context, remove_stale_contexts,
+                     report_error_class, stop_on_signals, user_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -102,12 +103,33 @@ def accelerate_command(params: Params, method: str, worker_args: list[str], mach
         cmd += ["--config_file", res.accelerate_config]
     cmd += ["--num_processes", str(res.num_processes * res.num_machines), "--num_machines", str(res.num_machines),
             "--machine_rank", str(machine.rank), "--main_process_port", str(port),
-            "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no"]
+            "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no",
+            "--num_cpu_threads_per_process", str(worker_threads(params))]
     if res.num_processes * res.num_machines > 1 and not res.accelerate_config:
         cmd += ["--multi_gpu"]  # also the multi-process switch on CPU (gloo), with Accelerator(cpu=True)
     if machine.address:
         cmd += ["--main_process_ip", machine.address]
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
+
+
+def worker_threads(params: Params, environ: dict | None = None) -> int:
+    """The torch CPU threads of each worker: ``resources.num_threads``, else ``OMP_NUM_THREADS``, else torch's own
+    default (what a process of its own gets: its physical cores) shared by this machine's processes.
+
+    The number a worker trains with changes float reductions, hence the weights' last bits: without it `accelerate
+    launch` sets ``OMP_NUM_THREADS=1``, so a run trained by `jagg train` / `jagg run` differed (~6e-8) from the same
+    run trained by `jagg train --worker` in a process of its own, and a resume could only be compared to a run of
+    the same launcher. With it, both paths train with the same threads and the same bits.
+    """
+    env = os.environ if environ is None else environ
+    if params.resources.num_threads:
+        return params.resources.num_threads
+    given = env.get("OMP_NUM_THREADS", "")
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    import torch  # this process never sets its thread count: torch's default
+
+    return max(1, torch.get_num_threads() // params.resources.num_processes)
 
 
 def pending_file(lay: Layout, run: str) -> Path:
@@ -160,10 +182,31 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
         raise _failure(run, rc, tail)
 
 
+def check_train_prompts(params: Params, lay: Layout) -> None:
+    """Before any worker starts: the training prompts read (one sentence for an empty prompt or a lone surrogate)
+    and, on the toy world, each one a prompt of its grammar (``""``, 10,000 characters of anything: one sentence
+    naming the line, not a worker's traceback)."""
+    from jagg_core.pipeline.storage import PromptFileError, read_prompts
+
+    prompts = read_prompts(lay.train_prompts)
+    if not params.is_toy:
+        return
+    from jagg_core.world import parse_prompt
+
+    for n, prompt in enumerate(prompts, 1):
+        try:
+            parse_prompt(prompt)
+        except ValueError:
+            shown = repr(prompt[:60]) + (f"… ({len(prompt)} characters)" if len(prompt) > 60 else "")
+            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown} is not a prompt of the toy world's "
+                                  f"grammar; regenerate the file with `jagg prepare`.") from None
+
+
 def _failure(run: str, rc: int, tail: deque) -> TrainingError:
     error = user_error(tail)
-    if error:  # the run's own error: the same input fails the same way again
-        return TrainingError(f"training run {run} failed: {error}")
+    if error:  # the run's own error, as its own class: the same input fails the same way again (never retried)
+        cls = error_class(tail, TrainingError)
+        return (TrainingError if issubclass(cls, WorkerDied) else cls)(f"training run {run} failed: {error}")
     return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
 
 
@@ -195,6 +238,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
     log = stage_logger("train")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
+    check_train_prompts(params, lay)
     machine = machine or Machine.resolve(params)
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)
@@ -215,7 +259,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     try:
         write_context(context, params, lay, mlflow_run, key, restart)
         _launch_workers(params, lay, method, seed, machine, context, log)
-    except TrainingError:
+    except UserError:  # the run's own error (its worker's class) or a died worker
         tracker.finish(mlflow_run, "FAILED")
         raise
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through stop_on_signals: the run did not fail, it was stopped
@@ -324,13 +368,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
         die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
         params, lay, ctx = read_context(args.worker_context)
-        worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
-               restart=ctx.get("restart", False))
+        with report_error_class():  # its own error reaches the launcher as its own class
+            worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
+                   restart=ctx.get("restart", False))
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     seed = params.run.seeds[0] if args.seed is None else args.seed
     params.method(args.method)  # an unknown method fails here, before anything starts
     if args.worker:
+        check_train_prompts(params, layout(params))
         worker(params, layout(params), args.method, seed, restart=args.restart)
     else:
         machine = Machine.resolve(params, args.machine_rank, args.main_process_ip, args.main_process_port)

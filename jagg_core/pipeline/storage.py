@@ -151,9 +151,21 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
             prompts.append(prompt)
         else:
             prompts.append(line.strip())
+        _check_prompt(prompts[-1], f"{path}:{n}")
     if not prompts:
         raise PromptFileError(f"{path} has no prompts; regenerate it with `jagg prepare`.")
     return prompts
+
+
+def _check_prompt(prompt: str, where: str) -> None:
+    """Text a tokenizer can take: not empty, valid Unicode (JSON's ``"\\ud800"`` is a lone surrogate)."""
+    if not prompt.strip():
+        raise PromptFileError(f"{where} is an empty prompt; remove the line or regenerate the file.")
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PromptFileError(f"{where} holds a lone surrogate ({prompt[:40]!r}), not Unicode text; fix or regenerate "
+                              f"the file.") from None
 
 
 def write_prompts_jsonl(path: str | os.PathLike, prompts: Sequence[str]) -> None:

@@ -35,6 +35,7 @@ from ..errors import UserError
 from ..pipeline.faults import fault
 from ..pipeline.storage import atomic_write_text, replace_dir
 from .distributed import gather_objects, process_group
+from .rotation import ROTATED, check_checkpoint, rotate, rotated_out
 
 __all__ = [
     "Checkpoint",
@@ -92,11 +93,16 @@ class Checkpoint:
 
     def tensors(self, name: str = "trainable") -> dict[str, torch.Tensor]:
         """The full tensors ``name`` (``trainable`` or ``ema``) by parameter name, on the CPU, in one process."""
-        if self.sharded:
-            from .sharded import read_full_tensors
+        try:
+            if self.sharded:
+                from .sharded import read_full_tensors
 
-            return read_full_tensors(self.path / DCP_DIR, DCP_KEYS[name])
-        return load_tensors(self.path / f"{name}.safetensors")
+                return read_full_tensors(self.path / DCP_DIR, DCP_KEYS[name])
+            return load_tensors(self.path / f"{name}.safetensors")
+        except OSError:
+            if self.path.exists():
+                raise
+            raise CheckpointError(rotated_out(self)) from None
 
     def optimizer_state(self) -> dict[str, Any]:
         path = self.path / "optimizer.pt"
@@ -169,8 +175,7 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in list_checkpoints(root, check=False)[:-keep]:
-        shutil.rmtree(old.path, ignore_errors=True)
+    rotate(root, keep)
     return Checkpoint(final, iteration)
 
 
@@ -231,9 +236,10 @@ def list_checkpoints(root: str | os.PathLike, *, check: bool = True) -> list[Che
         m = _NAME.match(p.name)
         if not m or not p.is_dir():
             continue
-        problem = verify_checkpoint(p) if check else None
+        problem = check_checkpoint(p) if check else None
         if problem:
-            log.warning("skipping damaged checkpoint %s: %s", p, problem)
+            if problem is not ROTATED:
+                log.warning("skipping damaged checkpoint %s: %s", p, problem)
             continue
         out.append(Checkpoint(p, int(m.group(1))))
     return out
@@ -268,8 +274,9 @@ def latest_checkpoint(root: str | os.PathLike) -> Checkpoint | None:
 
     Newest first: older checkpoints are not read once one verifies."""
     for ckpt in reversed(list_checkpoints(root, check=False)):
-        problem = verify_checkpoint(ckpt.path)
+        problem = check_checkpoint(ckpt.path)
         if problem is None:
             return ckpt
-        log.warning("skipping damaged checkpoint %s: %s", ckpt.path, problem)
+        if problem is not ROTATED:
+            log.warning("skipping damaged checkpoint %s: %s", ckpt.path, problem)
     return None

@@ -129,7 +129,8 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         meter.update(step, metrics)
     meter.close()
     if start >= tcfg.iterations and r.main:
-        log.info("%s already trained for %d iterations; nothing to do", r.name, tcfg.iterations)
+        log.info("%s already trained for %d iterations (its last checkpoint; train.iterations is %d); nothing to do",
+                 r.name, start, tcfg.iterations)
     return TrainResult(run=r.name, iterations=tcfg.iterations, checkpoint=r.last_ckpt, curve=r.layout.curve(r.name),
                        history=history)
 

@@ -21,8 +21,9 @@ import torch
 
 from ..pipeline.faults import fault
 from ..pipeline.storage import atomic_write_text, replace_dir
-from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, file_sha256, list_checkpoints
+from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, file_sha256
 from .distributed import gather_objects, process_group
+from .rotation import rotate
 
 __all__ = ["dcp_tensor_metadata", "load_sharded_state", "read_full_tensors", "save_sharded_checkpoint"]
 
@@ -179,8 +180,7 @@ class _ShardedWrite:
         manifest["state.json"] = {"bytes": (tmp / "state.json").stat().st_size, "sha256": file_sha256(tmp / "state.json")}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
         replace_dir(tmp, self.final)
-        for old in list_checkpoints(self.root, check=False)[:-keep]:
-            shutil.rmtree(old.path, ignore_errors=True)
+        rotate(self.root, keep)
 
 
 def _reason(e: BaseException) -> str:

@@ -1,0 +1,75 @@
+"""A worker's own errors across the process boundary, and the prompts that used to cause them, refused up front."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from conftest import run_module
+from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.paths import Layout
+from jagg_core.pipeline.storage import PromptFileError
+
+BAD_PROMPTS = [("", "is an empty prompt"), ("a " * 5000, r"is not a prompt of the toy world's grammar"),
+               ("\ud800 red circle", "holds a lone surrogate")]
+
+
+def _write_prompts(lay: Layout, bad: str) -> None:
+    good = lay.train_prompts.read_text().splitlines()[:3]
+    lay.train_prompts.write_text("\n".join([*good, json.dumps({"prompt": bad})]) + "\n")
+
+
+@pytest.mark.parametrize("bad,fragment", BAD_PROMPTS, ids=["empty", "10k-characters", "lone-surrogate"])
+def test_prompts_a_worker_cannot_take_are_one_sentence_before_any_worker_starts(ci_project, bad, fragment):
+    """``""``, 10,000 characters, a lone surrogate (JSON's ``"\\ud800"``) in the training prompt file: the launcher
+    refuses it with one sentence naming the file and the line (they used to reach the workers: a traceback in each,
+    "exit status 1", retried by Prefect)."""
+    from tasks.train import check_train_prompts
+
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+    _write_prompts(lay, bad)
+    with pytest.raises(PromptFileError, match=fragment) as e:
+        check_train_prompts(params, lay)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 300 and str(lay.train_prompts) in str(e.value)
+
+
+def test_a_real_launcher_refuses_a_bad_prompt_file_and_writes_nothing(ci_project):
+    lay = Layout.of(load_params(ci_project / "params.yaml", "ci"), ci_project)
+    _write_prompts(lay, "")
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", root=ci_project)
+    assert out.returncode == 1 and "is an empty prompt" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (ci_project / "checkpoints").exists() and not (ci_project / "runs").exists()
+
+
+def test_a_workers_own_error_reaches_its_launcher_as_its_own_class_and_is_not_retried(ci_project):
+    """A real `accelerate launch` of a worker that meets a prompt file it cannot use (edited after the launcher
+    looked: the worker reads it itself): the launcher raises the worker's PromptFileError with its sentence — not a
+    TrainingError "exit status 1; last output: …", and not a WorkerDied, the one error Prefect retries."""
+    from jagg_core.trainer.fingerprint import run_fingerprint
+    from tasks.launch import error_class, write_context
+    from tasks.train import Machine, WorkerDied, _launch_workers, _retryable
+
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+    context = lay.run_dir("jagg-s0") / ".worker-context-test.json"
+    write_context(context, params, lay, "", run_fingerprint(params, lay, "jagg", 0))
+    _write_prompts(lay, "")
+    with pytest.raises(PromptFileError, match=r"training run jagg-s0 failed: .*train.jsonl:4 is an empty prompt") as e:
+        _launch_workers(params, lay, "jagg", 0, Machine(), context, logging.getLogger("test"))
+    assert not isinstance(e.value, WorkerDied) and "exit status" not in str(e.value)
+
+    class State:  # what Prefect's retry condition sees
+        def result(self, raise_on_failure=True):
+            raise e.value
+
+    assert not _retryable(None, None, State())
+    # Only the project's own user errors are looked up by name; anything else a worker prints is not.
+    from collections import deque
+
+    from jagg_core.trainer import TrainingError
+
+    for line in ["os:system", "builtins:SystemExit", "jagg_core.pipeline.storage:Path", "tasks.train:nope"]:
+        assert error_class(deque([f"jagg: error class: {line}"]), TrainingError) is TrainingError
