@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from conftest import run_module
-from jagg_core.pipeline.config import load_params
+from jagg_core.pipeline.params_io import load_params
 from jagg_core.pipeline.paths import Layout
 from jagg_core.pipeline.storage import PromptFileError
 
