@@ -25,12 +25,11 @@ in conventions.py; docs/evaluation.md sets out which anchor paper reports which 
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..pipeline.storage import PromptFileError
+from ..pipeline.storage import PromptFileError, read_prompt_json
 
 __all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "load_hpdv2_test",
            "protocol_forms", "read_test_list"]
@@ -55,12 +54,7 @@ def _hint() -> str:
 
 def read_test_list(path: Path) -> list[str]:
     """The prompts of a ``test.json`` in file order: HPDv2's list of ``{"prompt": ...}`` objects (or of strings)."""
-    try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-    except UnicodeDecodeError:
-        raise PromptFileError(f"{path} is not UTF-8 text.") from None
+    items = read_prompt_json(path)
     prompts = [it.get("prompt") if isinstance(it, dict) else it for it in items] if isinstance(items, list) else []
     bad = next((i for i, p in enumerate(prompts) if not isinstance(p, str) or not p.strip()), None)
     if not prompts or bad is not None:

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import UserError
 
@@ -25,6 +25,7 @@ __all__ = [
     "PromptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "read_prompt_json",
     "read_prompt_list",
     "read_prompts",
     "replace_dir",
@@ -173,15 +174,20 @@ def write_prompts_jsonl(path: str | os.PathLike, prompts: Sequence[str]) -> None
     atomic_write_text(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
 
 
-def read_prompt_list(path: str | os.PathLike) -> list[str]:
-    """A JSON list of prompt strings (a benchmark style file, ``benchmark/<style>.json``)."""
+def read_prompt_json(path: str | os.PathLike) -> Any:
+    """A prompt file's JSON (a benchmark style file, a test list), or one :class:`PromptFileError` sentence."""
     path = Path(path)
     try:
-        prompts = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
     except UnicodeDecodeError:
         raise PromptFileError(f"{path} is not UTF-8 text.") from None
+
+
+def read_prompt_list(path: str | os.PathLike) -> list[str]:
+    """A JSON list of prompt strings (a benchmark style file, ``benchmark/<style>.json``)."""
+    prompts = read_prompt_json(path)
     if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
         raise PromptFileError(f"{path} must hold a non-empty JSON list of prompt strings.")
     return prompts
