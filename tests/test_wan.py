@@ -330,13 +330,13 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated(tmp_path):
-    """Images: one grid, no artifact; clips: a frame strip and a bounded GIF. The evaluation refuses clips in one
-    sentence (it scores images of the HPDv2 benchmark)."""
+def test_samples_are_logged_as_grids_or_frame_strips_and_bad_eval_frames_are_one_sentence(tmp_path):
+    """Images: one grid, no artifact; clips: a frame strip and a bounded GIF. A reward.frames that the profile's clips
+    do not have stops the evaluation in one sentence before any model loads."""
     from PIL import Image
 
     from conftest import REPO
-    from jagg_core.evaluation.evaluate import EvalError, evaluate_run
+    from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import clips_gif, log_samples
     from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
@@ -359,6 +359,8 @@ def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated
     fade = torch.linspace(0, 1, 49).view(1, 49, 1, 1, 1).expand(6, 49, 3, 160, 160)  # 6 clips fading to white
     gif = Image.open(__import__("io").BytesIO(clips_gif(fade)))
     assert gif.n_frames == 25 and gif.size == (4 * 130 + 2, 132)  # 4 clips of 128 px, every second frame
-    params = load_params(REPO / "params.yaml", "wan")
-    with pytest.raises(EvalError, match="backbone 'wan' makes clips, which are not evaluated yet"):
-        evaluate_run(params, Layout.of(params, tmp_path), "jagg-s0")
+    from jagg_core.rewards import RewardError
+
+    params = load_params(REPO / "params.yaml", "wan", {"reward.frames": 99})
+    with pytest.raises(RewardError, match="reward.frames asks for 99 frames of a clip of 49"):
+        evaluate_run(params, Layout.of(params, tmp_path), "base")
