@@ -364,7 +364,9 @@ def _check_clip_evaluation_and_report(params, root, overrides):
     from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
     from jagg_core.pipeline.report import build_report
+    from jagg_core.pipeline.tracking import Tracker
     from jagg_core.rewards import make_reward
+    from tasks.evaluate import evaluate
 
     lay = Layout.of(params, root)
     score = make_reward("jpeg_compressibility")
@@ -386,11 +388,16 @@ def _check_clip_evaluation_and_report(params, root, overrides):
         assert res["metrics"]["jpeg_compressibility"]["benchmark"] == pytest.approx(statistics.fmean(means), rel=1e-6)
         return step_dir
 
-    base = evaluate_run(params, lay, "base")
+    base = evaluate(params, lay, "base")  # the evaluate stage: a real MLflow store gets each step's strips
     base_dir = check_step("base", base, 0, [0, 2, 4])
-    run = evaluate_run(params, lay, "jagg-s0")
+    run = evaluate(params, lay, "jagg-s0")
     assert [p["step"] for p in run["curve"]] == [1, 2] and run["images"].endswith("steps/000002/images")
     check_step("jagg-s0", run, 2, [0, 2, 4])
+    client = Tracker(params, root).client
+    runs = client.search_runs([client.get_experiment_by_name("jagg-wan").experiment_id])
+    logged = sorted(a.path.split("+")[:3] for r in runs for a in client.list_artifacts(r.info.run_id, "images")
+                    if a.path.startswith("images/eval") and a.path.endswith(".png"))
+    assert logged == [["images/eval", "step", s] for s in ("0", "1", "2")]
 
     summary = build_report(params, lay)
     html = (lay.report_dir / "index.html").read_text()

@@ -14,7 +14,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path
+from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
 from .config import Params
 from .paths import Layout
 from .storage import atomic_write_bytes
@@ -193,27 +193,11 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
 
 def clip_grid(columns: Sequence[tuple[str, Path]], picked: Sequence[dict[str, Any]], out: Path) -> list[str]:
     """Clips as frame strips: one row per (test prompt, column), the evaluation's saved strip of that clip captioned
-    with the column and the prompt; the long side bounded by ``GRID_MAX_SIDE`` like the image grids."""
-    import numpy as np
-    from PIL import Image
-
-    from ..sampling import GRID_MAX_SIDE, image_grid
-
-    strips, captions = [], []
-    for x in picked:
-        for title, root in columns:
-            with Image.open(strip_path(root, x["style"], x["index"])) as im:
-                strip = im.convert("RGB")
-            if strips and strip.size != strips[0].size:  # clips of another size (options changed between runs)
-                strip = strip.resize(strips[0].size, Image.LANCZOS)
-            strips.append(strip)
-            captions.append(f"{title}: {x['prompt']}")
-    grid = image_grid(np.stack([np.asarray(s) for s in strips]), captions, ncols=1, scale=1,
-                      caption_width=max(24, strips[0].size[0] // 7))
-    if max(grid.size) > GRID_MAX_SIDE:
-        f = GRID_MAX_SIDE / max(grid.size)
-        grid = grid.resize((max(1, int(grid.size[0] * f)), max(1, int(grid.size[1] * f))), Image.LANCZOS)
-    save_png(grid, out)
+    with the column and the prompt (:func:`jagg_core.evaluation.clip_layout.strips_grid`, bounded like the image
+    grids)."""
+    rows = [(strip_path(root, x["style"], x["index"]), f"{title}: {x['prompt']}")
+            for x in picked for title, root in columns]
+    save_png(strips_grid([p for p, _ in rows], [c for _, c in rows]), out)
     return [t for t, _ in columns]
 
 
