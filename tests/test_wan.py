@@ -384,7 +384,7 @@ def _check_clip_evaluation_and_report(params, root, overrides):
             assert r["jpeg_compressibility"] == pytest.approx(means[-1], rel=1e-6)
             assert strip_path(step_dir / "images", r["style"], 0).is_file()
         saved = sorted(p.name for p in (step_dir / "images" / "anime" / "00000").iterdir())
-        assert saved == [f"{f:03d}.jpg" for f in frames] + ["strip.png"]
+        assert saved == [f"{f:03d}.jpg" for f in frames] + ["strip.jpg"]
         assert res["metrics"]["jpeg_compressibility"]["benchmark"] == pytest.approx(statistics.fmean(means), rel=1e-6)
         return step_dir
 

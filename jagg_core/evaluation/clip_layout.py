@@ -24,8 +24,8 @@ def frame_path(root: str | Path, style: str, index: int, frame: int) -> Path:
 
 
 def strip_path(root: str | Path, style: str, index: int) -> Path:
-    """The frame strip of clip ``index`` of ``style``: ``<root>/<style>/<index:05d>/strip.png``."""
-    return clip_dir(root, style, index) / "strip.png"
+    """The frame strip of clip ``index`` of ``style``: ``<root>/<style>/<index:05d>/strip.jpg``."""
+    return clip_dir(root, style, index) / "strip.jpg"
 
 
 def clip_complete(root: str | Path, style: str, index: int, frames: Sequence[int]) -> bool:
@@ -35,7 +35,7 @@ def clip_complete(root: str | Path, style: str, index: int, frames: Sequence[int
 
 
 def strips_grid(paths: Sequence[Path], captions: Sequence[str]) -> Any:
-    """Saved frame strips (PNGs), one per row with its caption underneath, as one PIL image; unscaled, but the long
+    """Saved frame strips, one per row with its caption underneath, as one PIL image; unscaled, but the long
     side bounded by ``GRID_MAX_SIDE`` like the image grids (a strip of another size is resized to the first's)."""
     import numpy as np
     from PIL import Image

@@ -6,7 +6,7 @@ need, per clip, under the images folder's ``<style>/`` layout:
 
 - ``<root>/<style>/<index:05d>/<frame:03d>.jpg``: the frames ``reward.frames`` chooses
   (:func:`jagg_core.rewards.clips.frame_indices`, the training reward's selection), as the same JPEGs as images;
-- ``<root>/<style>/<index:05d>/strip.png``: the clip's frame strip (:func:`jagg_core.media.frame_strips`, up to
+- ``<root>/<style>/<index:05d>/strip.jpg``: the clip's frame strip (:func:`jagg_core.media.frame_strips`, up to
   ``STRIP_FRAMES`` evenly spaced frames, no caption), which the report's grid stacks.
 
 A clip's score for a metric is the mean of the metric over its saved frames against the clip's prompt, computed by
@@ -30,6 +30,7 @@ from .clip_layout import VIDEO_BACKBONES, clip_complete, clip_dir, frame_path, s
 __all__ = ["VIDEO_BACKBONES", "clip_complete", "clip_frames", "frame_path", "save_clip", "score_clip_folder",
            "strip_path"]
 
+
 def clip_frames(params: Params) -> list[int] | None:
     """The frame indices of a clip that the evaluation saves and scores (``reward.frames`` of the profile's
     ``model.options.num_frames``); None for an image backbone."""
@@ -43,13 +44,14 @@ def clip_frames(params: Params) -> list[int] | None:
 
 def save_clip(root: str | Path, style: str, index: int, clip: torch.Tensor, frames: Sequence[int],
               save_jpeg: Callable[[Path, torch.Tensor], None]) -> None:
-    """Clip (F, 3, H, W) in [0, 1]: its chosen frames as JPEGs (``save_jpeg``, the images' encoder), then its strip."""
+    """Clip (F, 3, H, W) in [0, 1]: its chosen frames as JPEGs (``save_jpeg``, the images' encoder), then its strip
+    (JPEG quality 90, 4:4:4)."""
     from ..media import frame_strips
 
     for f in frames:
         save_jpeg(frame_path(root, style, index, f), clip[f])
-    buf = io.BytesIO()
-    frame_strips(clip[None].float()).save(buf, format="PNG")
+    buf = io.BytesIO()  # a JPEG: a 49-frame 512 px clip's strip is ~2100 x 290 px, a few hundred kB, not MBs of PNG
+    frame_strips(clip[None].float()).save(buf, format="JPEG", quality=90, subsampling=0)
     atomic_write_bytes(strip_path(root, style, index), buf.getvalue())
 
 
