@@ -53,10 +53,16 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     n = params.eval.num_images_logged
     if n:
         from jagg_core.evaluation.benchmark import image_path, load_image
+        from jagg_core.evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
 
         prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
         for point in result["curve"]:
             root = lay.eval_dir(run) / "steps" / f"{point['step']:06d}" / "images"
+            if params.model.backbone in VIDEO_BACKBONES:  # clips: their saved frame strips, one per row
+                if prompts:
+                    logger.log_image(strips_grid([strip_path(root, s, i) for s, i, _ in prompts],
+                                                 [p for _, _, p in prompts]), "eval", point["step"])
+                continue
             images = [load_image(image_path(root, s, i)) for s, i, _ in prompts]
             if images:
                 import torch

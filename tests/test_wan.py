@@ -5,7 +5,8 @@ Checked against diffusers' WanPipeline itself (same latents after a few Euler st
 5-D latents; rollouts of clips and exact / JAGG / ablate / reuse updates through the trainer's own update; joint =
 sequential and W = 2 = exact in float64; the bf16 first-step ratio exactly 1; LoRA, gradient checkpointing, FSDP2
 block wrapping; the LoRA export loaded by ``WanPipeline.load_lora_weights``; rewards on clips; a ci-sized run through
-``train`` that logs frame strips and a GIF to a real MLflow store; the errors a user can make.
+``train`` that logs frame strips and a GIF to a real MLflow store, then the evaluation of its clips (frame means, by
+hand on the saved frames) and the report's frame strips; the errors a user can make.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 import tiny_pipelines
+from wan_clip_evaluation import benchmark_folder, check_clip_evaluation_and_report
 from jagg_core import sde_step_with_logprob
 from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
 from jagg_core.policies import PolicyError, load_policy
@@ -287,7 +289,9 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
                  "sample.prompts_per_iteration": 2, "sample.batch_size": 4, "train.micro_batch": 4,
                  "train.iterations": 2, "train.lr": 1e-2, "train.checkpoint_every": 1, "train.log_images_every": 1,
                  "train.optimizer_steps_per_epoch": 1, "jagg.jagg_frac": 1.0, "reward.frames": 3,
-                 "reward.weights": {"jpeg_compressibility": 1.0}, "reward.options": {}}
+                 "reward.weights": {"jpeg_compressibility": 1.0}, "reward.options": {},
+                 "run.methods": ["jagg"], "run.seeds": [0], "eval.benchmark": str(benchmark_folder(tmp_path, PROMPTS)),
+                 "eval.subset": 1, "eval.num_steps": 4, "eval.batch_size": 4, "eval.metrics": ["jpeg_compressibility"]}
     params = load_params(REPO / "params.yaml", "wan", overrides)
     assert params.sample.recipe == "dance_grpo" and params.model.options["num_frames"] == 5
     write_prompts_jsonl(Layout.of(params, tmp_path).train_prompts, PROMPTS)
@@ -328,15 +332,16 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
         got = trained.velocity(z, t, embeds)
     assert not torch.allclose(base, want, atol=1e-5)  # two iterations moved the adapters
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    check_clip_evaluation_and_report(params, tmp_path, overrides)
 
 
-def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated(tmp_path):
-    """Images: one grid, no artifact; clips: a frame strip and a bounded GIF. The evaluation refuses clips in one
-    sentence (it scores images of the HPDv2 benchmark)."""
+def test_samples_are_logged_as_grids_or_frame_strips_and_bad_eval_frames_are_one_sentence(tmp_path):
+    """Images: one grid, no artifact; clips: a frame strip and a bounded GIF. A reward.frames that the profile's clips
+    do not have stops the evaluation in one sentence before any model loads."""
     from PIL import Image
 
     from conftest import REPO
-    from jagg_core.evaluation.evaluate import EvalError, evaluate_run
+    from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import clips_gif, log_samples
     from jagg_core.pipeline.params_io import load_params
     from jagg_core.pipeline.paths import Layout
@@ -359,6 +364,8 @@ def test_samples_are_logged_as_grids_or_frame_strips_and_clips_are_not_evaluated
     fade = torch.linspace(0, 1, 49).view(1, 49, 1, 1, 1).expand(6, 49, 3, 160, 160)  # 6 clips fading to white
     gif = Image.open(__import__("io").BytesIO(clips_gif(fade)))
     assert gif.n_frames == 25 and gif.size == (4 * 130 + 2, 132)  # 4 clips of 128 px, every second frame
-    params = load_params(REPO / "params.yaml", "wan")
-    with pytest.raises(EvalError, match="backbone 'wan' makes clips, which are not evaluated yet"):
-        evaluate_run(params, Layout.of(params, tmp_path), "jagg-s0")
+    from jagg_core.rewards import RewardError
+
+    params = load_params(REPO / "params.yaml", "wan", {"reward.frames": 99})
+    with pytest.raises(RewardError, match="reward.frames asks for 99 frames of a clip of 49"):
+        evaluate_run(params, Layout.of(params, tmp_path), "base")

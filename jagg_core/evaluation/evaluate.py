@@ -4,7 +4,9 @@ For each evaluated step the images are written as ``<eval_dir>/steps/<iteration:
 (hpsv2's layout), per-image scores as ``scores.jsonl`` and the summary as ``metrics.json``; the run's top-level
 ``metrics.json`` holds the last step's summary and the curve over all evaluated steps (step 0 = the base model).
 Generation is resumable: a step folder records what generated it (checkpoint digest, sampler, seeds) and images
-already there for the same generation are not generated again.
+already there for the same generation are not generated again. A video backbone's samples are clips: each test prompt
+gets a clip with the seed its image would get, its chosen frames and frame strip are saved under
+``images/<style>/<index:05d>/`` and each metric is the mean over its frames (:mod:`.clips`; not a video benchmark).
 
 Several processes (``accelerate launch``, one per GPU) share the work by blocks of ``eval.batch_size`` images, dealt
 round-robin (:class:`Part`): each process generates its blocks into the shared image folder and scores its blocks;
@@ -14,6 +16,7 @@ one process, so N processes give the metrics of one.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -36,6 +39,7 @@ from ..sampling import derive_seed
 from ..pipeline.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
+from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from .conventions import evaluation_conventions
 from .protocols import apply_protocol, load_hpdv2_test
 
@@ -111,13 +115,6 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def _refuse_clips(params: Params) -> None:
-    if params.model.backbone == "wan":
-        raise EvalError("the evaluation scores images of the HPDv2 benchmark and backbone 'wan' makes clips, which are "
-                        "not evaluated yet (docs/video.md); train with `jagg train --profile wan` and read the "
-                        "rollouts' rewards and frame strips in MLflow.")
-
-
 def evaluate_step(
     params: Params,
     layout: Layout,
@@ -130,12 +127,12 @@ def evaluate_step(
     progress: bool = False,
     part: Part = Part(),
 ) -> dict[str, Any]:
-    """Generate (what is missing) and score one step's images; returns and writes its summary.
+    """Generate (what is missing) and score one step's images, or clips for a video backbone (a clip's score is the
+    mean over its ``reward.frames``, :mod:`.clips`); returns and writes its summary.
 
     With ``part`` of several processes (a collective: every rank calls it), each generates and scores its blocks."""
     from ..rewards import loaded_rewards, make_reward, rewards_off_device
 
-    _refuse_clips(params)
     from ..sampling import sample_images
 
     ev = params.eval
@@ -147,6 +144,9 @@ def evaluate_step(
                   "model": params.model.model_dump(mode="json"), "num_steps": ev.num_steps, "seed": ev.seed,
                   "jpeg": "q95-444",
                   "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]}
+    frames = clip_frames(params)  # a video backbone: the frames of each clip that are saved and scored (clips.py)
+    if frames is not None:
+        generation["frames"] = frames
     marker = out_dir / "generation.json"
     if part.main:
         if marker.exists() and json.loads(marker.read_text()) != generation:
@@ -154,7 +154,10 @@ def evaluate_step(
         atomic_write_text(marker, json.dumps(generation, indent=2) + "\n")
     part.barrier()
 
-    todo = [(s, i) for s, ps in prompts.items() for i in range(len(ps)) if not image_path(images_dir, s, i).is_file()]
+    def done(s: str, i: int) -> bool:
+        return image_path(images_dir, s, i).is_file() if frames is None else clip_complete(images_dir, s, i, frames)
+
+    todo = [(s, i) for s, ps in prompts.items() for i in range(len(ps)) if not done(s, i)]
     part.barrier()  # every rank has listed the same missing images before any writes one
     blocks = [todo[k : k + ev.batch_size] for k in range(0, len(todo), ev.batch_size)]
     mine = [b for k, b in enumerate(blocks) if part.mine(k)]
@@ -170,15 +173,19 @@ def evaluate_step(
                 seeds = [derive_seed(ev.seed, styles.index(s), i) for s, i in batch]  # fixed per (style, prompt)
                 images = sample_images(policy, texts, num_steps=ev.num_steps, seeds=seeds, batch_size=ev.batch_size)
                 for (s, i), img in zip(batch, images):
-                    _save_jpeg(image_path(images_dir, s, i), img)
+                    if frames is None:
+                        _save_jpeg(image_path(images_dir, s, i), img)
+                    else:  # a clip (F, 3, H, W): its chosen frames and its strip
+                        save_clip(images_dir, s, i, img, frames, _save_jpeg)
     part.barrier()  # every image is there
 
     metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
+    score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
     if part.world == 1:
-        scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
+        scores = score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
     else:
-        shares = part.gather(score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size,
-                                                progress=progress and part.main, part=(part.rank, part.world)))
+        shares = part.gather(score(images_dir, prompts, metrics, batch_size=ev.batch_size,
+                                   progress=progress and part.main, part=(part.rank, part.world)))
         scores = merge_score_parts(shares, prompts)
     summary = _summary(params, scores)
     result = {"step": step, "metrics": summary}
@@ -259,7 +266,7 @@ def evaluate_run(
     ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step. With ``part`` of several
     processes, each generates and scores its share on ``device`` (its own GPU); rank 0 writes and logs.
     """
-    _refuse_clips(params)
+    clip_frames(params)  # a reward.frames that the clips do not have fails before any model loads
     logger = logger or NullLogger()
     prompts = test_prompts(params, layout)
     eval_dir = layout.eval_dir(run)

@@ -276,10 +276,9 @@ def format_plan(p: dict[str, Any]) -> str:
     ev = p["evaluation"]
     lines += [
         "",
-        (f"  evaluation per checkpoint: {ev['images']} benchmark images × {ev['steps']} steps = {ev['pflop']:.0f} PFLOP, "
-         f"{ev['H100_s'] / 60:.1f} min on {p['gpus']} H100") if p.get("frames", 1) == 1 else
-        "  evaluation per checkpoint: none (the HPDv2-style evaluation scores images; clips are not evaluated yet, "
-        "docs/video.md)",
+        f"  evaluation per checkpoint: {ev['images']} benchmark {'images' if p.get('frames', 1) == 1 else 'clips'} × "
+        f"{ev['steps']} steps = {ev['pflop']:.0f} PFLOP, {ev['H100_s'] / 60:.1f} min on {p['gpus']} H100"
+        + ("" if p.get("frames", 1) == 1 else " (scored as frame-averaged image scores, docs/video.md)"),
         f"  times assume {p['utilisation']:.0%} of the dense bf16 peak ({GPUS['H100']['peak_tflops']:.0f} TFLOPS per "
         "GPU) and leave out the reward, the optimizer step and communication: a floor.",
     ]

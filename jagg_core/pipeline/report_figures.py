@@ -1,5 +1,6 @@
 """The report's figures: curves over iterations, the iteration breakdown's stacked bars, gradient fidelity by group
-position, and the image grids (prompt x method, the base model's samples), each written atomically as a PNG.
+position, and the image grids (prompt x method, the base model's samples; for clips, the evaluation's frame strips,
+one row per prompt and method), each written atomically as a PNG.
 
 ``runs`` are :mod:`jagg_core.pipeline.report`'s runs (method, seed, curve, eval); matplotlib is imported inside each
 function, so importing this module does not.
@@ -13,12 +14,13 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
 from .config import Params
 from .paths import Layout
 from .storage import atomic_write_bytes
 
-__all__ = ["base_model_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_stacked_bars",
-           "save_figure", "save_png"]
+__all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity",
+           "plot_stacked_bars", "save_figure", "save_png"]
 
 
 def mean_std(xs: Sequence[float]) -> tuple[float, float]:
@@ -155,7 +157,8 @@ def plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
 
 
 def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path, per_style: int = 2) -> list[str]:
-    """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step."""
+    """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step; clips (a video
+    backbone): :func:`clip_grid` of the first test prompt of each style."""
     import torch
 
     from ..evaluation.benchmark import image_path, load_image
@@ -174,6 +177,8 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
         return []
     scores = (columns[0][1].parent / "scores.jsonl").read_text().splitlines()
     rows = [json.loads(x) for x in scores]
+    if params.model.backbone in VIDEO_BACKBONES:
+        return clip_grid(columns, [x for x in rows if x["index"] < 1], out)
     picked = [x for x in rows if x["index"] < per_style]
     images, captions = [], []
     for x in picked:
@@ -183,6 +188,16 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
     grid = image_grid(torch.stack(images), captions, ncols=len(columns), scale=6,
                       col_titles=[t for t, _ in columns], caption_width=40)
     save_png(grid, out)
+    return [t for t, _ in columns]
+
+
+def clip_grid(columns: Sequence[tuple[str, Path]], picked: Sequence[dict[str, Any]], out: Path) -> list[str]:
+    """Clips as frame strips: one row per (test prompt, column), the evaluation's saved strip of that clip captioned
+    with the column and the prompt (:func:`jagg_core.evaluation.clip_layout.strips_grid`, bounded like the image
+    grids)."""
+    rows = [(strip_path(root, x["style"], x["index"]), f"{title}: {x['prompt']}")
+            for x in picked for title, root in columns]
+    save_png(strips_grid([p for p, _ in rows], [c for _, c in rows]), out)
     return [t for t, _ in columns]
 
 
