@@ -67,6 +67,7 @@ def _stale(root: Path) -> set[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~20 stage processes; beside another test worker on 2 cores it may pass 900 s
 def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_path):
     root = _clone(tmp_path)
     # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same.

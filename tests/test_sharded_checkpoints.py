@@ -285,7 +285,9 @@ def test_a_sharded_checkpoint_resumes_on_another_number_of_processes(fsdp_run, t
     assert got.iteration == 4 and not got.sharded  # one process writes the full state
     tensors = got.tensors()
     moved = max(float((want[k] - load_base(root)[k]).abs().max()) for k in want)
-    assert max(float((tensors[k] - want[k]).abs().max()) for k in want) <= 1e-4 * moved
+    # Reduction order alone: a few float32 ulps of the weights (1 ulp at |w| ~ 1 is 6e-8; measured 1.5e-8 with torch's
+    # default threads, 6e-8 single-threaded), 1e-3 of what four iterations move them, far below any change of method.
+    assert max(float((tensors[k] - want[k]).abs().max()) for k in want) <= 1e-3 * moved
 
 
 def load_base(root: Path) -> dict:
