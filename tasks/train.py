@@ -233,12 +233,14 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
     keeps the MLflow run; the others only take their share of the training.
     """
-    from jagg_core.rewards import check_rewards
+    from jagg_core.pipeline.build import check_model_files
     from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.rewards import check_rewards
 
     log = stage_logger("train")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
     check_train_prompts(params, lay)
+    check_model_files(params, lay)  # the weights' files, before any worker starts
     machine = machine or Machine.resolve(params)
     run = run_name(method, seed)
     key = run_fingerprint(params, lay, method, seed)

@@ -7,7 +7,7 @@ import torch
 from .config import Params, ParamsError
 from .paths import Layout
 
-__all__ = ["DTYPES", "pick_device", "policy_from_params", "reward_from_params"]
+__all__ = ["DTYPES", "check_model_files", "pick_device", "policy_from_params", "reward_from_params"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,6 +31,23 @@ def policy_from_params(params: Params, layout: Layout, device: torch.device):
                            "target_modules": list(lora.target_modules)}
     path = params.model.path or (str(layout.base_model) if params.is_toy else None)
     return load_policy(params.model.backbone, path, device=device, dtype=DTYPES[params.model.dtype], options=options)
+
+
+def check_model_files(params: Params, layout: Layout) -> None:
+    """The model's files are where ``params.model`` says (a folder, or a hub id in the HF cache), checked without
+    loading anything: a launcher says what is missing in one sentence before it starts any worker."""
+    import importlib
+
+    path = params.model.path or (str(layout.base_model) if params.is_toy else None)
+    if params.model.backbone == "toy-flux":
+        from ..policies.toy_flux import check_toy_flux_dir
+
+        check_toy_flux_dir(path)
+        return
+    from ..policies.diffusers_common import check_model_dir, resolve_model_dir
+
+    module = importlib.import_module(f"..policies.{params.model.backbone}", __package__)
+    check_model_dir(resolve_model_dir(path, hub_id=module.HUB_ID), module.COMPONENTS, hub_id=module.HUB_ID)
 
 
 def reward_from_params(params: Params):

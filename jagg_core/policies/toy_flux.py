@@ -221,13 +221,8 @@ def _require(folder: Path, rel: str) -> None:
         )
 
 
-@register_backbone("toy-flux")
-def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-    from diffusers import FluxTransformer2DModel
-    from transformers import CLIPTextModel, PreTrainedTokenizerFast
-
-    from .lora import apply_lora
-
+def check_toy_flux_dir(path: str | None) -> Path:
+    """The toy-flux folder ``path``, checked for its files (one sentence for what is missing); nothing is loaded."""
     if path is None:
         raise PolicyError("model.path is not set; point it at the toy-flux folder written by `jagg pretrain`.")
     folder = Path(path)
@@ -235,6 +230,17 @@ def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype,
         raise PolicyError(f"the toy-flux model folder {folder} does not exist; run `jagg pretrain` or set model.path.")
     for rel in ("toy_flux.json", "transformer/config.json", "text_encoder/config.json", "tokenizer/tokenizer.json"):
         _require(folder, rel)
+    return folder
+
+
+@register_backbone("toy-flux")
+def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
+    from diffusers import FluxTransformer2DModel
+    from transformers import CLIPTextModel, PreTrainedTokenizerFast
+
+    from .lora import apply_lora
+
+    folder = check_toy_flux_dir(path)
     geometry = json.loads((folder / "toy_flux.json").read_text())
     unknown = set(options) - {"lora", "guidance_scale"}
     if unknown:
