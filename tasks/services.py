@@ -52,6 +52,18 @@ def _wait_http(url: str, timeout: float, what: str) -> None:
     raise ServiceError(f"{what} did not answer at {url} within {timeout:.0f} s; see {STATE}/*.log.")
 
 
+def deployments(api: str) -> list[str]:
+    """``<flow>/<deployment>`` of every deployment the server at ``api`` holds, sorted (read from its REST API)."""
+    def post(path: str) -> list[dict]:
+        req = urllib.request.Request(f"{api}/{path}/filter", data=b"{}", method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return json.loads(r.read())
+
+    flows = {f["id"]: f["name"] for f in post("flows")}
+    return sorted(f"{flows.get(d['flow_id'], '?')}/{d['name']}" for d in post("deployments"))
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> None:
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if out.returncode != 0:
@@ -135,7 +147,7 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dic
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
     (STATE / "pids.json").write_text(json.dumps(pids))
-    urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}"}
+    urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
     if mlflow_port:
         from jagg_core.pipeline.tracking import resolve_uri
 

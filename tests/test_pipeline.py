@@ -183,6 +183,12 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
 
     try:
         assert up.returncode == 0, up.stdout + up.stderr
+        # `jagg services up` lists what it deployed: every deployment of prefect.yaml (the video profile's too).
+        import yaml
+
+        listed = re.search(r"^deployments: (.*)$", up.stdout, re.M).group(1).split(", ")
+        names = [d["name"] for d in yaml.safe_load((root / "prefect.yaml").read_text())["deployments"]]
+        assert len(listed) == len(names) and {"jagg-reproduce/ci", "jagg-reproduce/wan"} <= set(listed), listed
         # tracking.* overrides say where results are logged, not what is computed: the profile's own folders.
         run = deployment_run("-p", f'overrides={{"tracking.ui_url": "{ui}"}}')
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
