@@ -205,18 +205,25 @@ def score_image_folder(
         for _, run in itertools.groupby(range(start, stop), key=lambda i: loaded[i - start].shape):
             idx = list(run)
             images = torch.stack([loaded[i - start] for i in idx])  # (b, 3, H, W)
-            texts = [prompts[i] for i in idx]
-            metadata = [{"style": style, "index": i} for i in idx]
-            for name, fn in metrics.items():
-                rewards, info = fn(images, texts, metadata)
-                scores[name][style].update(zip(idx, rewards.detach().float().cpu().tolist()))
-                for key, value in info.items():
-                    if torch.is_tensor(value) and value.shape == (len(idx),):
-                        scores[f"{name}/{key}"][style].update(zip(idx, value.detach().float().cpu().tolist()))
+            score_batch(scores, metrics, images, prompts, style, idx)
             bar.update(len(idx))
     bar.close()
     shares = {key: dict(by_style) for key, by_style in scores.items()}
     return shares if part is not None else merge_score_parts([shares], prompts_by_style)
+
+
+def score_batch(scores: dict, metrics: Mapping[str, ScoreFn], batch: torch.Tensor, prompts: Sequence[str],
+                style: str, idx: list[int]) -> None:
+    """Score ``batch`` (the images, or clips, of prompts ``idx`` of ``style``) with every metric into
+    ``scores[name][style]``, and each per-image value a metric's info holds into ``scores[f"{name}/{key}"]``."""
+    texts = [prompts[i] for i in idx]
+    metadata = [{"style": style, "index": i} for i in idx]
+    for name, fn in metrics.items():
+        rewards, info = fn(batch, texts, metadata)
+        scores[name][style].update(zip(idx, rewards.detach().float().cpu().tolist()))
+        for key, value in info.items():
+            if torch.is_tensor(value) and value.shape == (len(idx),):
+                scores[f"{name}/{key}"][style].update(zip(idx, value.detach().float().cpu().tolist()))
 
 
 def merge_score_parts(

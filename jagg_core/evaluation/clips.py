@@ -24,7 +24,7 @@ import torch
 
 from ..pipeline.config import Params
 from ..pipeline.storage import atomic_write_bytes
-from .benchmark import ScoreFn, load_image, merge_score_parts
+from .benchmark import ScoreFn, load_image, merge_score_parts, score_batch
 from .clip_layout import VIDEO_BACKBONES, clip_complete, clip_dir, frame_path, strip_path
 
 __all__ = ["VIDEO_BACKBONES", "clip_complete", "clip_frames", "frame_path", "save_clip", "score_clip_folder",
@@ -94,14 +94,7 @@ def score_clip_folder(
     for style, start in mine:
         idx = list(range(start, min(start + batch_size, len(prompts_by_style[style]))))
         clips = torch.stack([torch.stack([load_image(frame_path(root, style, i, f)) for f in frames]) for i in idx])
-        texts = [prompts_by_style[style][i] for i in idx]
-        metadata = [{"style": style, "index": i} for i in idx]
-        for name, fn in on_clips.items():
-            rewards, info = fn(clips, texts, metadata)  # (b,): each clip's mean over its frames
-            scores[name][style].update(zip(idx, rewards.detach().float().cpu().tolist()))
-            for key, value in info.items():
-                if torch.is_tensor(value) and value.shape == (len(idx),):
-                    scores[f"{name}/{key}"][style].update(zip(idx, value.detach().float().cpu().tolist()))
+        score_batch(scores, on_clips, clips, prompts_by_style[style], style, idx)  # each clip: its frames' mean
         bar.update(len(idx))
     bar.close()
     shares = {key: dict(by_style) for key, by_style in scores.items()}
