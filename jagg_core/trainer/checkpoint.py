@@ -257,10 +257,7 @@ def latest_checkpoint_together(root: str | os.PathLike) -> Checkpoint | None:
     dist.broadcast_object_list(box, src=0)
     for iteration in reversed(box[0]):
         path = root / f"checkpoint-{iteration:06d}"
-        try:
-            mine = verify_checkpoint(path, (rank, world))
-        except OSError as e:
-            mine = f"unreadable ({e.strerror or e})"
+        mine = check_checkpoint(path, (rank, world))
         problems = [p for p in gather_objects(mine) if p]
         if not problems:
             return Checkpoint(path, iteration)

@@ -34,14 +34,14 @@ def rotate(root: str | os.PathLike, keep: int) -> None:
         shutil.rmtree(gone, ignore_errors=True)
 
 
-def check_checkpoint(path: Path) -> str | None:
+def check_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
     """:func:`~jagg_core.trainer.checkpoint.verify_checkpoint`, except that a checkpoint that is gone by the end
     (rotated out by its training run while this process read it) is :data:`ROTATED`, not a problem to warn about,
-    and a file unreadable for another reason is a problem, not an exception."""
+    and a file unreadable for another reason is a problem, not an exception; ``part`` as for ``verify_checkpoint``."""
     from .checkpoint import verify_checkpoint
 
     try:
-        problem = verify_checkpoint(path)
+        problem = verify_checkpoint(path, part)
     except OSError as e:
         problem = f"unreadable ({e.strerror or e})"
     if problem and not path.exists():
