@@ -28,7 +28,6 @@ import gc
 import json
 import math
 import statistics
-import string
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,6 +40,8 @@ from jagg_core.pipeline.config import Params
 
 from jagg_core.pipeline.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
+
+from .tiny_pipelines import FluxShape, build_flux
 
 __all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "render_table",
            "run_smoke", "smoke_params", "write_result"]
@@ -110,76 +111,21 @@ SMOKE_OVERRIDES: dict[str, Any] = {
 PROMPTS = ["a photo of a cat", "a red cat", "two blue dogs on green grass", "a yellow bird on a tree",
            "a small house by a lake", "an old car in the rain", "a bowl of fruit on a table", "a man riding a horse"]
 
-_LETTERS = string.ascii_lowercase
-
-
 # --- the tiny pipeline ------------------------------------------------------------------------------------------
 
 
-def clip_tokenizer(max_length: int = 40):
-    """Character-level CLIP BPE (no merges: every word becomes its letters, the last one marked ``</w>``)."""
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in _LETTERS:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=max_length)
-
-
-def t5_tokenizer():
-    """A Unigram T5 tokenizer over letters."""
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    pieces += [("▁" + c, -3.0) for c in _LETTERS] + [(c, -4.0) for c in _LETTERS]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0)
-
-
 def build_tiny_flux(folder: str | Path, size: SmokeSize, *, seed: int = 0) -> Path:
-    """A FLUX.1-dev-shaped pipeline with random weights, saved as a diffusers folder (model_index.json and one
-    subfolder per component); the tokenizers are built locally, nothing is downloaded."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
+    """A FLUX.1-dev-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
+    (tasks/tiny_pipelines.py): FLUX.1's VAE compression (8×, 16 latent channels) and scheduler."""
     if size.attention_head_dim % 2 or size.attention_head_dim < 8:
         raise SmokeError(f"attention_head_dim {size.attention_head_dim} must be an even number of at least 8.")
-    torch.manual_seed(seed)
-    tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
-    clip = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(tokenizer), hidden_size=size.pooled_hidden_size, intermediate_size=2 * size.pooled_hidden_size,
-        num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=40, projection_dim=size.pooled_hidden_size,
-        bos_token_id=0, eos_token_id=1, pad_token_id=1)).eval()
-    t5 = T5EncoderModel(T5Config(
-        vocab_size=len(tokenizer_2), d_model=size.text_hidden_size, d_kv=size.text_hidden_size // 2,
-        d_ff=2 * size.text_hidden_size, num_layers=1, num_heads=2, dropout_rate=0.0)).eval()
-    blocks = len(size.vae_channels)
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * blocks,
-        up_block_types=("UpDecoderBlock2D",) * blocks, block_out_channels=size.vae_channels, layers_per_block=1,
-        latent_channels=16, norm_num_groups=4, sample_size=size.resolution,
-        shift_factor=0.1159, scaling_factor=0.3611,  # FLUX.1's
-    ).eval()
-    transformer = FluxTransformer2DModel(
-        patch_size=1, in_channels=64, num_layers=size.num_layers, num_single_layers=size.num_single_layers,
-        attention_head_dim=size.attention_head_dim, num_attention_heads=size.num_attention_heads,
-        joint_attention_dim=size.text_hidden_size, pooled_projection_dim=size.pooled_hidden_size,
-        guidance_embeds=True, axes_dims_rope=_rope_axes(size.attention_head_dim),
-    ).eval()
-    scheduler = FlowMatchEulerDiscreteScheduler(  # FLUX.1-dev's scheduler config
-        shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
-        max_image_seq_len=4096)
-    pipe = FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=tokenizer, text_encoder_2=t5,
-                        tokenizer_2=tokenizer_2, transformer=transformer)
-    folder = Path(folder)
-    pipe.save_pretrained(folder)
-    return folder
-
-
-def _rope_axes(head_dim: int) -> tuple[int, int, int]:
-    """Rotary axes (index, row, column) summing to ``head_dim``, each even (FLUX.1 splits its 128 as 16, 56, 56)."""
-    side = (head_dim * 3 // 8) // 2 * 2
-    return (head_dim - 2 * side, side, side)
+    shape = FluxShape(
+        num_layers=size.num_layers, num_single_layers=size.num_single_layers,
+        num_attention_heads=size.num_attention_heads, attention_head_dim=size.attention_head_dim,
+        text_hidden_size=size.text_hidden_size, t5_head_dim=size.text_hidden_size // 2,
+        pooled_hidden_size=size.pooled_hidden_size, vae_channels=size.vae_channels, latent_channels=16,
+        sample_size=size.resolution)
+    return build_flux(folder, shape, seed=seed)
 
 
 # --- params -----------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from .tiny_pipelines import WanShape, build_wan
 
 __all__ = ["WAN_PROFILES", "WAN_SIZES", "WanSmokeSize", "build_tiny_wan", "wan_overrides"]
 
@@ -51,31 +51,16 @@ WAN_SIZES: dict[str, WanSmokeSize] = {
 
 
 def build_tiny_wan(folder: str | Path, size: WanSmokeSize, *, seed: int = 0) -> Path:
-    """A Wan2.1-T2V-shaped pipeline with random weights, saved as a diffusers folder."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
-
-    from .gpu_smoke import t5_tokenizer
-
-    torch.manual_seed(seed)
-    tokenizer = t5_tokenizer()
+    """A Wan2.1-T2V-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
+    (tasks/tiny_pipelines.py): the released model's VAE compression (×8 in space, ×4 in time, 16 latent channels)."""
     d = size.text_dim
-    text = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), d_model=d, d_kv=max(8, d // 4), d_ff=2 * d,
-                                       num_layers=1, num_heads=4 if d >= 32 else 2, dropout_rate=0.0)).eval()
-    pipe = WanPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text,
-        vae=AutoencoderKLWan(base_dim=size.vae_base_dim, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                             temperal_downsample=[False, True, True]).eval(),  # ×8 in space, ×4 in time
-        scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0),
-        transformer=WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=size.num_attention_heads,
-                                          attention_head_dim=size.attention_head_dim, in_channels=16, out_channels=16,
-                                          text_dim=d, freq_dim=64, ffn_dim=size.ffn_dim, num_layers=size.num_layers,
-                                          rope_max_seq_len=256).eval(),
-    )
-    folder = Path(folder)
-    pipe.save_pretrained(folder)
-    return folder
+    shape = WanShape(
+        num_layers=size.num_layers, num_attention_heads=size.num_attention_heads,
+        attention_head_dim=size.attention_head_dim, ffn_dim=size.ffn_dim, freq_dim=64, rope_max_seq_len=256,
+        text_dim=d, text_head_dim=max(8, d // 4), text_heads=4 if d >= 32 else 2, text_buckets=32,
+        z_dim=16, vae_base_dim=size.vae_base_dim, vae_dim_mult=(1, 2, 4, 4), temporal_downsample=(False, True, True),
+        scale_factor_temporal=4, scale_factor_spatial=8, latents_mean=None, latents_std=None)
+    return build_wan(folder, shape, seed=seed)
 
 
 def wan_overrides(size: WanSmokeSize) -> dict[str, Any]:

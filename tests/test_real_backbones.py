@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-import tiny_pipelines
+from tasks import tiny_pipelines
 from jagg_core import sde_step_with_logprob
 from jagg_core.policies import PolicyError, load_policy
 from jagg_core.policies.diffusers_common import check_tokenizer
@@ -30,6 +30,20 @@ OPTIONS = {
     "qwenimage": {**SIZE},
 }
 LORA = {"rank": 4, "alpha": 8}
+
+
+def empty_clip_tokenizer():
+    """What offline transformers returns for a CLIP tokenizer it could not find: two tokens, every word unknown."""
+    from transformers import CLIPTokenizer
+
+    return CLIPTokenizer(vocab={"<|startoftext|>": 0, "<|endoftext|>": 1}, merges=[])
+
+
+def empty_t5_tokenizer():
+    """What offline transformers returns for a T5 tokenizer it could not find: only "▁" and the 100 extra ids."""
+    from transformers import T5TokenizerFast
+
+    return T5TokenizerFast(vocab=[("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -1.0)], extra_ids=100)
 
 
 @pytest.fixture(scope="session")
@@ -353,13 +367,13 @@ def test_missing_component_and_model_index_are_named(flux_copy):
 
 def test_empty_tokenizer_is_refused(flux_copy):
     shutil.rmtree(flux_copy / "tokenizer")
-    tiny_pipelines.empty_clip_tokenizer().save_pretrained(flux_copy / "tokenizer")
+    empty_clip_tokenizer().save_pretrained(flux_copy / "tokenizer")
     expected = r"tokenizer' is empty \(vocabulary of 2, every word unknown\); download black-forest-labs/FLUX.1-dev"
     with pytest.raises(PolicyError, match=expected):
         load_policy("flux", str(flux_copy), options=OPTIONS["flux"])
 
 
-@pytest.mark.parametrize("empty", [tiny_pipelines.empty_clip_tokenizer, tiny_pipelines.empty_t5_tokenizer])
+@pytest.mark.parametrize("empty", [empty_clip_tokenizer, empty_t5_tokenizer])
 def test_check_tokenizer_catches_what_offline_transformers_returns(empty, tmp_path):
     with pytest.raises(PolicyError, match="is empty"):
         check_tokenizer(empty(), "tokenizer_2", folder=tmp_path, hub_id="black-forest-labs/FLUX.1-dev")

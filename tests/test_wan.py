@@ -16,7 +16,7 @@ import contextlib
 import pytest
 import torch
 
-import tiny_pipelines
+from tasks import tiny_pipelines
 from wan_clip_evaluation import benchmark_folder, check_clip_evaluation_and_report
 from jagg_core import sde_step_with_logprob
 from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
