@@ -148,14 +148,8 @@ def build_flux(folder: str | Path, shape: FluxShape = FluxShape(), *, seed: int 
     torch.manual_seed(seed)
     tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
     pipe = FluxPipeline(
-        scheduler=FlowMatchEulerDiscreteScheduler(
-            shift=3.0,
-            use_dynamic_shifting=True,
-            base_shift=0.5,
-            max_shift=1.15,
-            base_image_seq_len=256,
-            max_image_seq_len=4096,
-        ),
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                                  base_image_seq_len=256, max_image_seq_len=4096),
         vae=kl_vae(shape.latent_channels, shift_factor=0.1159, scaling_factor=0.3611,  # FLUX.1's
                    block_out_channels=shape.vae_channels, sample_size=shape.sample_size),
         text_encoder=clip_encoder(len(tokenizer), hidden=shape.pooled_hidden_size, projection=False),
@@ -163,16 +157,11 @@ def build_flux(folder: str | Path, shape: FluxShape = FluxShape(), *, seed: int 
         text_encoder_2=t5_encoder(len(tokenizer_2), d_model=shape.text_hidden_size, d_kv=shape.t5_head_dim),
         tokenizer_2=tokenizer_2,
         transformer=FluxTransformer2DModel(
-            patch_size=1,
-            in_channels=4 * shape.latent_channels,  # 2×2 packing
-            num_layers=shape.num_layers,
-            num_single_layers=shape.num_single_layers,
-            attention_head_dim=shape.attention_head_dim,
-            num_attention_heads=shape.num_attention_heads,
-            joint_attention_dim=shape.text_hidden_size,
-            pooled_projection_dim=shape.pooled_hidden_size,
-            guidance_embeds=True,
-            axes_dims_rope=rope_axes(shape.attention_head_dim),
+            patch_size=1, in_channels=4 * shape.latent_channels,  # 2×2 packing
+            num_layers=shape.num_layers, num_single_layers=shape.num_single_layers,
+            attention_head_dim=shape.attention_head_dim, num_attention_heads=shape.num_attention_heads,
+            joint_attention_dim=shape.text_hidden_size, pooled_projection_dim=shape.pooled_hidden_size,
+            guidance_embeds=True, axes_dims_rope=rope_axes(shape.attention_head_dim),
         ).eval(),
     )
     folder = Path(folder)
