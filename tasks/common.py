@@ -78,6 +78,8 @@ def orchestration_tags() -> dict[str, str]:
     tags = {}
     if os.environ.get("DVC_STAGE"):
         tags["dvc_stage"] = os.environ["DVC_STAGE"]
+    if "prefect.context" not in sys.modules:  # Prefect never imported: no flow run (and no 1.5 s import to learn it)
+        return tags
     try:
         from prefect.context import FlowRunContext
 
@@ -87,6 +89,25 @@ def orchestration_tags() -> dict[str, str]:
     except Exception:  # noqa: BLE001  (outside Prefect)
         pass
     return tags
+
+
+def prefect_tasks(module: str, **tasks: tuple[Callable[..., Any], dict[str, Any]]) -> Callable[[str], Any]:
+    """A stage module's ``__getattr__`` (PEP 562) that makes its Prefect task on first use: ``name=(fn, options)``
+    becomes ``prefect.task(**options)(fn)``. The flows get real Prefect tasks; `python -m tasks.<stage>` and
+    `jagg <stage>` never import Prefect (1.5–2 s of every stage process, and of every quick refusal of bad input)."""
+    made: dict[str, Any] = {}
+
+    def __getattr__(name: str) -> Any:
+        if name not in tasks:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        if name not in made:
+            from prefect import task
+
+            fn, options = tasks[name]
+            made[name] = task(**options)(fn)
+        return made[name]
+
+    return __getattr__
 
 
 def free_port() -> int:
@@ -133,11 +154,12 @@ def stage_logger(name: str) -> logging.Logger:
 
 def _stage_logger(name: str) -> logging.Logger:
     try:
-        from prefect.context import FlowRunContext, TaskRunContext
-        from prefect.logging import get_run_logger
+        if "prefect.context" in sys.modules:  # else no flow or task runs in this process
+            from prefect.context import FlowRunContext, TaskRunContext
+            from prefect.logging import get_run_logger
 
-        if TaskRunContext.get() or FlowRunContext.get():
-            return get_run_logger()  # type: ignore[return-value]
+            if TaskRunContext.get() or FlowRunContext.get():
+                return get_run_logger()  # type: ignore[return-value]
     except Exception:  # noqa: BLE001  (no Prefect context, or Prefect not importable)
         pass
     logger = logging.getLogger(f"jagg.{name}")

@@ -13,14 +13,12 @@ import json
 import os
 import sys
 
-from prefect import task
-
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
-                     parse_overrides, stage_logger)
+                     parse_overrides, prefect_tasks, stage_logger)
 from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
 
 
@@ -129,9 +127,12 @@ def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, l
     return out
 
 
-@task(name="evaluate", retries=1)
-def evaluate_task(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict:
+def _evaluate_task(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict:
     return evaluate(params, layout(params), run, sweep=sweep)
+
+
+# Made on first use: `python -m tasks.evaluate` does not import Prefect (tasks/common.py:prefect_tasks).
+__getattr__ = prefect_tasks(__name__, evaluate_task=(_evaluate_task, dict(name="evaluate", retries=1)))
 
 
 @cli

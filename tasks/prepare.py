@@ -12,13 +12,11 @@ import json
 import sys
 from pathlib import Path
 
-from prefect import task
-
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout
 from jagg_core.pipeline.storage import atomic_write_text, write_prompts_jsonl
 
-from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
 
 
 def prepare(params: Params, lay: Layout) -> dict:
@@ -61,9 +59,12 @@ def prepare(params: Params, lay: Layout) -> dict:
     return summary
 
 
-@task(name="prepare")
-def prepare_task(params: Params) -> dict:
+def _prepare_task(params: Params) -> dict:
     return prepare(params, layout(params))
+
+
+# Made on first use: `python -m tasks.prepare` does not import Prefect (tasks/common.py:prefect_tasks).
+__getattr__ = prefect_tasks(__name__, prepare_task=(_prepare_task, dict(name="prepare")))
 
 
 @cli

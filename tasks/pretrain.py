@@ -16,14 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from prefect import task
-
 from jagg_core.pipeline.config import Params
 from jagg_core.pipeline.paths import Layout
 from jagg_core.errors import UserError
 from jagg_core.pipeline.storage import atomic_write_text, replace_dir
 
-from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
 
 
 def _same_recipe(card_path, params: Params) -> bool:
@@ -121,9 +119,12 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     return card
 
 
-@task(name="pretrain", retries=1)
-def pretrain_task(params: Params) -> dict:
+def _pretrain_task(params: Params) -> dict:
     return pretrain(params, layout(params), progress=False)
+
+
+# Made on first use: `python -m tasks.pretrain` does not import Prefect (tasks/common.py:prefect_tasks).
+__getattr__ = prefect_tasks(__name__, pretrain_task=(_pretrain_task, dict(name="pretrain", retries=1)))
 
 
 @cli

@@ -6,12 +6,11 @@ import argparse
 import sys
 from typing import Iterator
 
-from prefect import task
-
 from jagg_core.pipeline.config import Params
 from jagg_core.pipeline.paths import Layout
 
-from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides, stage_logger
+from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
+                     prefect_tasks, stage_logger)
 
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -90,9 +89,12 @@ def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: s
         stage_logger("report").warning("could not create the Prefect artifacts: %s", e)
 
 
-@task(name="report")
-def report_task(params: Params, sweep: str = DEFAULT_SWEEP) -> dict:
+def _report_task(params: Params, sweep: str = DEFAULT_SWEEP) -> dict:
     return report(params, layout(params), sweep=sweep)
+
+
+# Made on first use: `python -m tasks.report` does not import Prefect (tasks/common.py:prefect_tasks).
+__getattr__ = prefect_tasks(__name__, report_task=(_report_task, dict(name="report")))
 
 
 @cli

@@ -26,8 +26,6 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from prefect import task
-
 from jagg_core.errors import UserError
 from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout, run_name
@@ -36,7 +34,7 @@ from jagg_core.trainer import TrainingError
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
-                     parse_overrides, stage_logger)
+                     parse_overrides, prefect_tasks, stage_logger)
 from .launch import (die_with_parent, error_class, launch, local_context, read_context, remove_stale_contexts,
                      report_error_class, stop_on_signals, user_error, write_context)
 
@@ -337,10 +335,14 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
     return False
 
 
-@task(name="train", retries=2, retry_delay_seconds=5, retry_condition_fn=_retryable)
-def train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
+def _train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
     return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
+
+
+# Made on first use: `python -m tasks.train` does not import Prefect (tasks/common.py:prefect_tasks).
+__getattr__ = prefect_tasks(__name__, train_task=(_train_task, dict(name="train", retries=2, retry_delay_seconds=5,
+                                                                  retry_condition_fn=_retryable)))
 
 
 @cli
