@@ -51,6 +51,7 @@ def _jagg_smoke(tmp_path, *args: str):
     return proc.stdout, out
 
 
+@pytest.mark.slow  # every method through the trainer in a process of its own (~30 s)
 def test_smoke_on_cpu_passes_and_writes_its_table(tmp_path):
     """`jagg smoke --device cpu` end to end: exit 0, every method PASS in the printed table, and the JSON (strict:
     no NaN) and markdown written."""

@@ -110,6 +110,7 @@ def interrupted(ci_base, tmp_path_factory) -> Scenario:
     return Scenario(root, stops, final, work)
 
 
+@pytest.mark.slow  # the scenario: four starts of `jagg run` with live servers (~200 s)
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_jagg_run_stopped_by_a_signal_leaves_nothing_and_resumes_bit_identically(interrupted, uninterrupted, sig):
     """Ctrl-C / SIGTERM / SIGKILL to `jagg run`: no process of its own stays alive (the temporary server dies with it
@@ -136,6 +137,7 @@ def test_jagg_run_stopped_by_a_signal_leaves_nothing_and_resumes_bit_identically
     assert [line.split("\t")[0] for line in curve.splitlines()[1:]] == ["1", "2", "3", "4"]  # every iteration once
 
 
+@pytest.mark.slow  # the scenario: four starts of `jagg run` with live servers (~200 s)
 def test_jagg_run_hands_prefect_no_secret(interrupted):
     """The same four starts of `jagg run`, with ``tracking.mlflow_uri=http://user:<password>@…``: the password is in
     no file of the project — the temporary Prefect server's database (flow-run parameters, states, logs) included —

@@ -267,6 +267,7 @@ class _MlflowServer:
         self.proc.wait(timeout=60)
 
 
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
 def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everything(ci_project, caplog):
     """A real MLflow server stops after iteration 2 and comes back at iteration 5: training never stops, what it
     logged meanwhile (metrics and images) is buffered on disk and replayed, in order, to the same run."""
@@ -326,6 +327,7 @@ def _log_many(args):
     return run_id
 
 
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
 def test_several_processes_write_one_sqlite_store_without_losing_metrics(ci_project):
     import multiprocessing as mp
 
@@ -473,6 +475,7 @@ def test_secrets_are_redacted_by_key_and_by_value_everywhere():
     assert flat["model.options.max_tokens"] == "77"
 
 
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
 def test_a_run_writes_no_secret_to_disk_or_to_its_command_line(ci_project):
     """params.json, every checkpoint's state.json, the MLflow params and the workers' command line: no secret."""
     import sqlite3
@@ -569,6 +572,7 @@ def test_random_kills_resume_identically(ci_project, uninterrupted, phase):
     print(f"{phase}: killed {at:.2f} s into iteration 3 (checkpoints {done}); resumed, identical")
 
 
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
 def test_a_killed_launcher_takes_its_trainer_with_it(ci_project):
     """SIGKILL to the process that launched training (a crashed flow, a killed `jagg train`): the trainer it started
     (accelerate and its worker) stops too, instead of writing on as an orphan; the next start resumes."""
@@ -640,6 +644,7 @@ def _files_holding(folder: Path, secret: bytes) -> list[str]:
     return hits
 
 
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
 def test_sigterm_on_jagg_train_stops_workers_removes_the_context_and_leaks_no_secret(ci_project, tmp_path):
     """SIGTERM to `jagg train` logging to a live MLflow server through a credentialed URI: the workers stop, the 0600
     context file (full params, password included) is removed, the MLflow run is KILLED, and the password is nowhere
