@@ -22,32 +22,14 @@ import torch
 
 from ..schedules import Schedule, fixed_shift_schedule
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
-from .diffusers_common import (
-    MODEL,
-    SCHEDULER,
-    TOKENIZER,
-    check_image_size,
-    check_model_dir,
-    freeze,
-    load_component,
-    load_text_encoders,
-    prepare_transformer,
-    read_config,
-    read_options,
-    resolve_model_dir,
-    to_unit_images,
-)
+from .diffusers_common import (MODEL, SCHEDULER, TOKENIZER, check_image_size, check_model_dir, freeze, load_component,
+                               load_text_encoders, prepare_transformer, read_config, read_options, resolve_model_dir,
+                               to_unit_images)
 
 __all__ = ["WanPolicy", "WAN_LORA_TARGETS", "FSDP_BLOCK"]
 
 HUB_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-COMPONENTS = {
-    "scheduler": SCHEDULER,
-    "text_encoder": MODEL,
-    "tokenizer": TOKENIZER,
-    "transformer": MODEL,
-    "vae": MODEL,
-}
+COMPONENTS = {"scheduler": SCHEDULER, "text_encoder": MODEL, "tokenizer": TOKENIZER, "transformer": MODEL, "vae": MODEL}
 # Self- and cross-attention projections of every WanTransformerBlock (the text enters through cross-attention: no
 # add_*_proj as in the MMDiT backbones).
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
