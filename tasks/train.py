@@ -23,11 +23,10 @@ import os
 import signal
 import sys
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 
 from jagg_core.errors import UserError
-from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.pipeline.config import Params
 from jagg_core.pipeline.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
@@ -35,99 +34,12 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, prefect_tasks, stage_logger)
-from .launch import (die_with_parent, error_class, launch, local_context, read_context, remove_stale_contexts,
-                     report_error_class, stop_on_signals, user_error, write_context)
+from .launch import (Machine, accelerate_command, die_with_parent, error_class, launch, local_context, read_context,
+                     remove_stale_contexts, report_error_class, stop_on_signals, user_error, write_context)
 
 
 class WorkerDied(TrainingError):
     """The training process ended without an error of its own (killed, out of memory, a crash): a retry resumes."""
-
-
-@dataclass(frozen=True)
-class Machine:
-    """This machine's place in a run that spans ``resources.num_machines`` machines.
-
-    It differs per machine, so it never comes from the shared params.yaml: ``--machine-rank`` / ``--main-process-ip``
-    / ``--main-process-port`` on the command line, else ``JAGG_MACHINE_RANK`` / ``JAGG_MAIN_PROCESS_IP`` /
-    ``JAGG_MAIN_PROCESS_PORT``. Rank 0 runs the pipeline (MLflow, evaluation, report); every other rank runs only its
-    share of each training run.
-    """
-
-    rank: int = 0
-    address: str | None = None  # the rank-0 machine's address, the same on every machine
-    port: int | None = None  # rendezvous port; None: resources.main_process_port + the method's index
-
-    @classmethod
-    def resolve(cls, params: Params, rank: int | None = None, address: str | None = None, port: int | None = None,
-                environ: dict | None = None) -> "Machine":
-        env = os.environ if environ is None else environ
-
-        def number(value, flag: str, var: str) -> int | None:
-            if value is not None:
-                return value
-            if not env.get(var):
-                return None
-            try:
-                return int(env[var])
-            except ValueError:
-                raise ParamsError(f"{var}={env[var]!r} must be a whole number (or pass {flag}).") from None
-
-        rank = number(rank, "--machine-rank", "JAGG_MACHINE_RANK") or 0
-        port = number(port, "--main-process-port", "JAGG_MAIN_PROCESS_PORT")
-        address = address or env.get("JAGG_MAIN_PROCESS_IP") or None
-        n = params.resources.num_machines
-        if not 0 <= rank < n:
-            raise ParamsError(f"machine rank {rank} must be in 0..{n - 1} (resources.num_machines is {n}).")
-        if port is not None and not 1024 <= port <= 65535:
-            raise ParamsError(f"the rendezvous port {port} must be in 1024..65535.")
-        return cls(rank, address, port)
-
-    def check_address(self, params: Params) -> None:
-        """Before a launch: a run over several machines needs the rank-0 machine's address (one sentence if not)."""
-        n = params.resources.num_machines
-        if n > 1 and not self.address:
-            raise ParamsError(f"resources.num_machines is {n}: give every machine the rank-0 machine's address with "
-                              f"--main-process-ip or JAGG_MAIN_PROCESS_IP.")
-
-
-def accelerate_command(params: Params, method: str, worker_args: list[str], machine: Machine | None = None) -> list[str]:
-    """``accelerate launch`` with the profile's processes, this machine's rank and a port of the method's own."""
-    res = params.resources
-    machine = machine or Machine()
-    index = list(params.methods).index(method)
-    port = machine.port if machine.port is not None else res.main_process_port + index
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
-    if res.accelerate_config:
-        cmd += ["--config_file", res.accelerate_config]
-    cmd += ["--num_processes", str(res.num_processes * res.num_machines), "--num_machines", str(res.num_machines),
-            "--machine_rank", str(machine.rank), "--main_process_port", str(port),
-            "--mixed_precision", res.mixed_precision, "--dynamo_backend", "no",
-            "--num_cpu_threads_per_process", str(worker_threads(params))]
-    if res.num_processes * res.num_machines > 1 and not res.accelerate_config:
-        cmd += ["--multi_gpu"]  # also the multi-process switch on CPU (gloo), with Accelerator(cpu=True)
-    if machine.address:
-        cmd += ["--main_process_ip", machine.address]
-    return cmd + ["-m", "tasks.train", "--worker", *worker_args]
-
-
-def worker_threads(params: Params, environ: dict | None = None) -> int:
-    """The torch CPU threads of each worker: ``resources.num_threads``, else ``OMP_NUM_THREADS``, else torch's own
-    default (what a process of its own gets: its physical cores) shared by this machine's processes.
-
-    The number a worker trains with changes float reductions, hence the weights' last bits: without it `accelerate
-    launch` sets ``OMP_NUM_THREADS=1``, so a run trained by `jagg train` / `jagg run` differed (~6e-8) from the same
-    run trained by `jagg train --worker` in a process of its own, and a resume could only be compared to a run of
-    the same launcher. With it, both paths train with the same threads and the same bits.
-    """
-    env = os.environ if environ is None else environ
-    if params.resources.num_threads:
-        return params.resources.num_threads
-    given = env.get("OMP_NUM_THREADS", "")
-    if given.isdigit() and int(given) > 0:
-        return int(given)
-    import torch  # this process never sets its thread count: torch's default
-
-    return max(1, torch.get_num_threads() // params.resources.num_processes)
 
 
 def pending_file(lay: Layout, run: str) -> Path:

@@ -5,7 +5,7 @@ URI) is stopped three times, once by each signal, each right after a new checkpo
 The three signal tests and the secrets test read that one scenario (computed once per module), so the four cost what
 one did. Each signal's resume is judged by the checkpoint the next start writes after resuming from it: it must equal,
 bit for bit, the same iteration of the shared ``uninterrupted`` reference (`jagg train --worker` in a process of its
-own: the trainers of `jagg run` train with the same torch threads, see ``tasks.train.worker_threads``).
+own: the trainers of `jagg run` train with the same torch threads, see ``tasks.launch.worker_threads``).
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ def test_a_workers_own_error_reaches_its_launcher_as_its_own_class_and_is_not_re
     TrainingError "exit status 1; last output: …", and not a WorkerDied, the one error Prefect retries."""
     from jagg_core.trainer.fingerprint import run_fingerprint
     from tasks.launch import error_class, write_context
-    from tasks.train import Machine, WorkerDied, _launch_workers, _retryable
+    from tasks.launch import Machine
+    from tasks.train import WorkerDied, _launch_workers, _retryable
 
     params = load_params(ci_project / "params.yaml", "ci")
     lay = Layout.of(params, ci_project)
