@@ -79,6 +79,9 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
     shown = {"train/kl_ref": "kl_ref.png", "reward/toy_fidelity/group_std": "group_std-toy_fidelity.png",
              "reward/toy_fidelity/zero_std_frac": "zero_std_frac-toy_fidelity.png"}
     assert {k: v for k, v in summary["figures"].items() if k in shown or "toy_preference" in k} == shown
+    # The first figure: the held-out score by iteration for every method (base model at iteration 0).
+    assert next(iter(summary["figures"].items())) == ("test split by iteration", "learning.png")
+    assert (tmp_path / "reports" / "rep" / "learning.png").read_bytes()[:4] == b"\x89PNG"
     for key, name in shown.items():
         assert f"![{key}]({name})" in readme
         assert (tmp_path / "reports" / "rep" / name).read_bytes()[:4] == b"\x89PNG"

@@ -21,7 +21,7 @@ from .config import Params
 from ..cost import ideal_speedup
 from .paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
-from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_stacked_bars
+from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_learning, plot_stacked_bars
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
 from .storage import atomic_write_text
@@ -193,6 +193,10 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     breakdown = iteration_breakdown(runs)
 
     figures = {}
+    # First: what GRPO learned on held-out prompts (the primary metric) and, beside it, the other scores
+    base_scores = {m: base["metrics"][m]["benchmark"] for m in metrics if m in base["metrics"]} if base else None
+    if plot_learning(runs, metrics, base_scores, out / "learning.png", trained=list(params.reward.weights)):
+        figures["test split by iteration"] = "learning.png"
     if _plot_breakdown(breakdown, out / "iteration.png", "where an iteration's time goes"):
         figures["iteration breakdown"] = "iteration.png"
     if plot_curves(runs, "reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
@@ -202,11 +206,6 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         if plot_curves(runs, f"reward/{m}/mean", f"training prompts: {m} of the rollouts (4-iteration mean)",
                         out / f"train-{m}.png", smooth=4):
             figures[f"train/{m}"] = f"train-{m}.png"
-    for m in metrics:
-        bp = base["metrics"][m]["benchmark"] if base else None
-        if plot_curves(runs, f"eval/{m}", f"test split: {m} (± sd over seeds)", out / f"eval-{m}.png", base_point=bp,
-                        from_eval=True):
-            figures[f"eval/{m}"] = f"eval-{m}.png"
     fid = fidelity_by_position(runs)
     if plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
         figures["fidelity"] = "fidelity.png"

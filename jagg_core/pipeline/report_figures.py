@@ -19,7 +19,7 @@ from .config import Params
 from .paths import Layout
 from .storage import atomic_write_bytes
 
-__all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity",
+__all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
            "plot_stacked_bars", "save_figure", "save_png"]
 
 
@@ -89,18 +89,10 @@ def save_figure(fig, ax, path: Path) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
-def plot_curves(runs: Sequence[Any], key: str, title: str, path: Path, *, base_point: float | None = None,
-                 from_eval: bool = False, smooth: int = 1) -> bool:
-    """One line per method: the mean over seeds, with a band of ± one standard deviation when there are several.
-
-    ``smooth`` > 1 averages each run's curve over a trailing window of that many points first (noisy rollout
-    rewards).
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _method_curves(runs: Sequence[Any], key: str, *, base_point: float | None, from_eval: bool,
+                   smooth: int) -> dict[str, list[dict[float, float]]]:
+    """Per method, each seed's curve of ``key`` as {iteration: value} (the evaluation's curve with ``from_eval``,
+    the base model's score as iteration 0 where given; a trailing mean over ``smooth`` points first)."""
     by_method: dict[str, list[dict[float, float]]] = {}
     for r in runs:
         pts = ([(p["step"], p[key]) for p in r.eval["curve"] if key in p] if from_eval and r.eval else
@@ -112,21 +104,71 @@ def plot_curves(runs: Sequence[Any], key: str, title: str, path: Path, *, base_p
             pts = [(x, statistics.fmean(ys[max(0, i - smooth + 1) : i + 1])) for i, (x, _) in enumerate(pts)]
         if pts:
             by_method.setdefault(r.method, []).append(dict(pts))
-    if not by_method:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    return by_method
+
+
+def _draw_curves(ax, by_method: dict[str, list[dict[float, float]]], *, markers: bool) -> None:  # noqa: ANN001
+    """One line per method (the mean over seeds) with a ± one standard deviation band when there are several."""
     for i, (method, curves) in enumerate(by_method.items()):
         xs = sorted(set().union(*curves))
         stats = [mean_std([c[x] for c in curves if x in c]) for x in xs]
-        mean = [m for m, _ in stats]
         n = len(curves)
-        ax.plot(xs, mean, color=f"C{i}", label=f"{method} ({n} seed{'s' if n > 1 else ''})",
-                marker="o" if from_eval else None, markersize=3)
+        ax.plot(xs, [m for m, _ in stats], color=f"C{i}", label=f"{method} ({n} seed{'s' if n > 1 else ''})",
+                marker="o" if markers else None, markersize=3)
         if n > 1:
             ax.fill_between(xs, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=f"C{i}", alpha=0.15)
-    ax.set_title(title)
     ax.set_xlabel("iteration")
+
+
+def plot_curves(runs: Sequence[Any], key: str, title: str, path: Path, *, base_point: float | None = None,
+                from_eval: bool = False, smooth: int = 1) -> bool:
+    """One line per method: the mean over seeds, with a band of ± one standard deviation when there are several.
+
+    ``smooth`` > 1 averages each run's curve over a trailing window of that many points first (noisy rollout
+    rewards).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_method = _method_curves(runs, key, base_point=base_point, from_eval=from_eval, smooth=smooth)
+    if not by_method:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=120)
+    _draw_curves(ax, by_method, markers=from_eval)
+    ax.set_title(title)
     save_figure(fig, ax, path)
+    return True
+
+
+def plot_learning(runs: Sequence[Any], metrics: Sequence[str], base: dict[str, float] | None, path: Path, *,
+                  trained: Sequence[str] = ()) -> bool:
+    """The report's first figure: each evaluation metric on the held-out test split by iteration, one panel each
+    side by side (the first metric, the primary, on the left), every method's mean over seeds with its ± sd band
+    and the base model at iteration 0 — what GRPO learned and, beside it, what it cost."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(m, _method_curves(runs, f"eval/{m}", base_point=(base or {}).get(m), from_eval=True, smooth=1))
+              for m in metrics]
+    panels = [(m, c) for m, c in panels if c]
+    if not panels:
+        return False
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), dpi=120, squeeze=False)
+    for ax, (m, by_method) in zip(axes[0], panels):
+        _draw_curves(ax, by_method, markers=True)
+        role = "trained reward" if m in trained else "not trained on"
+        ax.set_title(f"test split: {m} ({role})", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
     return True
 
 

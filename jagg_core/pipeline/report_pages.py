@@ -100,7 +100,8 @@ def page_markdown(params: Params, summary: dict, breakdown: list[list[str]]) -> 
              "Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation, same seeds, "
              "same rollouts budget.\n",
              f"## Final evaluation (test set, protocol `{params.eval.protocol}`; mean ± std over seeds)\n",
-             markdown_table(_final_table(summary, metrics)), evaluation_markdown(summary["evaluation"], markdown_table),
+             markdown_table(_final_table(summary, metrics)), *_lead_figure_markdown(summary),
+             evaluation_markdown(summary["evaluation"], markdown_table),
              *[part for m in metrics for part in (f"## Per seed: final `{m}` (gain over the base model)\n",
                                                   markdown_table(_seed_rows(summary, m)))],
              f"## Paired by seed: differences of final `{metrics[0]}` (Student-t 95% interval)\n",
@@ -114,9 +115,14 @@ def page_markdown(params: Params, summary: dict, breakdown: list[list[str]]) -> 
              markdown_table(breakdown),
              "Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (what is neither rollout, "
              "reward nor the update stage).\n"]
-    for key, name in summary["figures"].items():
+    for key, name in list(summary["figures"].items())[1:]:
         parts.append(f"## {key}\n\n![{key}]({name})\n")
     return "\n".join(parts)
+
+
+def _lead_figure_markdown(summary: dict) -> list[str]:
+    """The first figure (what was learned on the test split, by iteration), shown under the final scores."""
+    return [f"![{key}]({name})\n" for key, name in list(summary["figures"].items())[:1]]
 
 
 def _html_table(rows: list[list[str]]) -> str:
@@ -128,8 +134,9 @@ def _html_table(rows: list[list[str]]) -> str:
 def page_html(params: Params, summary: dict, breakdown: list[list[str]]) -> str:
     """The report's index.html; ``breakdown`` is the iteration-breakdown table."""
     metrics = list(params.eval.metrics)
-    figs = "".join(f"<h2>{html.escape(k)}</h2><img src=\"{html.escape(v)}\" alt=\"{html.escape(k)}\">"
-                   for k, v in summary["figures"].items())
+    shown = [f"<h2>{html.escape(k)}</h2><img src=\"{html.escape(v)}\" alt=\"{html.escape(k)}\">"
+             for k, v in summary["figures"].items()]
+    lead, figs = "".join(shown[:1]), "".join(shown[1:])  # the first figure under the final scores
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>jagg report — {html.escape(params.profile)}</title>
 <style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}
@@ -138,7 +145,7 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 .wide{{overflow-x:auto}}.wide table{{font-size:0.85em}}</style></head>
 <body><h1>jagg report — profile <code>{html.escape(params.profile)}</code></h1>
 <p>Baseline GRPO (exact per-step backward) against JAGG and the endpoint-only ablation.</p>
-<h2>Final evaluation (protocol {params.eval.protocol}; mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}{evaluation_html(summary["evaluation"], _html_table)}
+<h2>Final evaluation (protocol {params.eval.protocol}; mean ± std over seeds)</h2>{_html_table(_final_table(summary, metrics))}{lead}{evaluation_html(summary["evaluation"], _html_table)}
 {"".join(f"<h2>Per seed: final {html.escape(m)} (gain over the base model)</h2>{_html_table(_seed_rows(summary, m))}" for m in metrics)}
 <h2>Paired by seed: differences of final {html.escape(metrics[0])} (Student-t 95% interval)</h2>{_html_table(_paired_rows(summary))}
 <h2>Speed per iteration</h2><div class="wide">{_html_table(_speed_rows(summary))}</div>
