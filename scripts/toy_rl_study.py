@@ -88,6 +88,10 @@ def main(argv=None) -> int:
         "final": final["metrics"][fid]["benchmark"],
         "gain": final["metrics"][fid]["benchmark"] - base["metrics"][fid]["benchmark"],
         "final_styles": {s: v["block_mean"] for s, v in final["metrics"][fid]["styles"].items()},
+        # every evaluation metric (the trained one first): base, final and its test curve
+        "metrics": {m: {"base": base["metrics"][m]["benchmark"], "final": final["metrics"][m]["benchmark"],
+                        "curve": [(c["step"], c.get(f"eval/{m}")) for c in final["curve"]]}
+                    for m in params.eval.metrics},
         "test_curve": [(c["step"], c[f"eval/{fid}"]) for c in final["curve"]],
         "train_reward_first": _mean(rows[:q], f"reward/{fid}/mean"),
         "train_reward_last": _mean(rows[-q:], f"reward/{fid}/mean"),

@@ -147,14 +147,14 @@ class SampleConfig(_Section):
         "rollout, ODE elsewhere; mix_grpo: SDE in a window that slides along the trajectory over training, ODE elsewhere"
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
-    sde_window_size: int = Field(8, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
+    sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
     sde_window_range: tuple[int, int] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")
     window_stride: int = Field(1, ge=1, description="mix_grpo: steps the window moves each time; past the range's "
                                "end it rolls back to its start")
-    group_size: int = Field(16, ge=2, description="G: images per prompt")
+    group_size: int = Field(32, ge=2, description="G: images per prompt")
     prompts_per_iteration: int = Field(4, ge=1, description="prompts per iteration, over all processes")
     shared_noise: bool = Field(True, description="the G images of a prompt start from the same noise")
     batch_size: int = Field(64, ge=1, description="rollout micro-batch per process")
@@ -258,7 +258,7 @@ class RunConfig(_Section):
 
 class RewardConfig(_Section):
     weights: dict[str, float] = Field(
-        default_factory=lambda: {"toy_preference": 1.0, "toy_fidelity": 1.0},
+        default_factory=lambda: {"toy_fidelity": 1.0},
         description="reward name -> weight of the training reward"
     )
     options: dict[str, dict[str, Any]] = Field(default_factory=dict, description="reward name -> factory options")
@@ -297,7 +297,7 @@ class EvalConfig(_Section):
         None, description="HPDv2 folder with benchmark/<style>.json and test.json (default: the HF cache; the toy: "
         "its test split)"
     )
-    metrics: list[str] = Field(default_factory=lambda: ["toy_preference", "toy_fidelity"],
+    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"],
                                description="metrics scored")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
     num_steps: int = Field(12, ge=1, description="ODE sampling steps")
