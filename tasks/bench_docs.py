@@ -353,8 +353,9 @@ def _main_job(job: dict, figure: str) -> list[str]:
     worst = max(b["overhead_share"] for b in job["breakdown"])
     return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
             "Each phase as the trainer times it in every iteration (`time/…` in curve.tsv and MLflow; the first "
-            "iteration, warm-up, excluded), mean seconds per iteration. Overhead = fidelity monitor + logging + "
-            f"checkpoint + other (neither rollout, reward nor the update stage): at most {worst:.1%} here. Added by "
+            "iteration, warm-up, excluded), mean seconds per iteration. Overhead = fidelity monitor + kl_ref "
+            "reference + logging + checkpoint + other (neither rollout, reward nor the update stage; a phase that runs "
+            f"every N iterations, as its column says, counts 0 in the others): at most {worst:.1%} here. Added by "
             f"`jagg bench … --write-docs docs/benchmarks.md --main-job {job.get('label', job['dir'])}` after `make run`.", "",
             f"![iteration breakdown of the main job]({figure})", "",
             *markdown_table(breakdown_rows(job["breakdown"])).splitlines(), ""]
