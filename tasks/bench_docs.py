@@ -219,13 +219,13 @@ def _comm(r: dict) -> list[str]:
     ]
 
 
-# Why the benchmark's exact-batched gain is not the trainer's (issue 35): a measurement made by hand, kept verbatim
-# when the page is regenerated (the bench's own tables above it are rewritten).
+# Why the benchmark's exact-batched gain is not the trainer's (issue 35): measured by hand, kept verbatim when the
+# page is regenerated (the bench's own tables above it are rewritten).
 BATCHING_NOTE = [
     "## Exact-batched in the benchmark and in the trainer", "",
     "The toy section above finds batching alone (exact-batched over per-step exact) worth 2.15× at W = 4; the main "
     "job's trainer finds exact-batched 0.91–1.18× of per-step exact. Both run the same update "
-# Why the benchmark's exact-batched gain is not the trainer's (issue 35): measured by hand, kept verbatim
+    "(`accumulate_gradients` → `group_backward`) and the same PPO loss; what differs is the rows one transformer call "
     "carries. The benchmark differentiates a micro-batch of 4 images with a velocity-predicting model without "
     "classifier-free guidance: 4 rows per call, where a call's fixed cost (Python, dispatch: 4.5 ms per forward call "
     "and 6.6 ms per backward call in the per-call fit above) is about twice a step's own work (2.1 + 3.1 ms), so "
