@@ -155,6 +155,7 @@ def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
     ({"train.iterations": True}, "not true/false"),
     ({"train.lr": True}, "not true/false"),
     ({"train.adam_betas": [1.5, -1]}, "betas"),
+    ({"train.kl_ref_every": 0}, "train.kl_ref_every = 0"),
     ({"tracking.experiment": "x-{bogus}"}, "{profile}"),
 ])
 def test_bad_values_are_one_sentence_before_any_work(override, fragment):

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO
 from jagg_core.pipeline.params_io import load_params
-from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, forward_flops, plan
+from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, format_plan, forward_flops, plan
 
 REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3", "wan")
 
@@ -55,6 +55,41 @@ def test_one_window_of_four_is_the_textbook_ratio_with_checkpointing():
     jagg = next(r for r in p["methods"] if r["method"] == "jagg")
     assert jagg["update_speedup"] == pytest.approx(1.6)
     assert p["paper"] == {"update": (393.0, 275.0), "iteration": (674.0, 556.0)}
+
+
+def test_reference_forwards_and_the_monitor_are_counted():
+    """qwenimage (β = 0, one group of W = 4): train/kl_ref's two endpoint forwards per image at 25 of 200 iterations
+    (every 8th and the first) beside the update, the fidelity monitor not run under FSDP. sd3 (β = 0.04): one
+    reference forward per trained step in every update, and the monitor (DDP) at 10 of 200 iterations."""
+    p = plan(load_params(REPO / "params.yaml", "qwenimage"))
+    f, b, images = p["forward_tflop_per_image_step"] * 1e12, 3 * p["forward_tflop_per_image_step"] * 1e12, 256
+    for r in p["methods"]:
+        assert r["reference_forwards_per_image"] == pytest.approx(2 * 25 / 200)
+        assert r["forwards"]["monitor_grad"] == r["forwards"]["monitor_runs"] == 0
+        assert r["diagnostics_pflop"] * 1e15 == pytest.approx(images * 0.25 * f)
+        assert r["iteration_pflop"] == pytest.approx(r["update_pflop"] + r["diagnostics_pflop"]
+                                                     + images * 10 * f / 1e15)
+    every = plan(load_params(REPO / "params.yaml", "qwenimage", {"train.kl_ref_every": 1}))
+    assert every["methods"][0]["reference_forwards_per_image"] == 2
+    off = plan(load_params(REPO / "params.yaml", "qwenimage", {"train.kl_ref": False}))
+    assert off["methods"][0]["diagnostics_pflop"] == 0
+    text = format_plan(p)
+    assert "ref fwd/img" in text and "at 25 of 200 iterations (every 8th and the first)" in text
+    assert "not run under FSDP on 8 GPUs" in text
+
+    s = plan(load_params(REPO / "params.yaml", "sd3"))
+    f, b, images = s["forward_tflop_per_image_step"] * 1e12, 2 * s["forward_tflop_per_image_step"] * 1e12, 384
+    rows = {r["method"]: r for r in s["methods"]}
+    assert rows["baseline"]["update_pflop"] * 1e15 == pytest.approx(images * (4 * (f + b) + 4 * f))
+    assert rows["jagg"]["update_pflop"] * 1e15 == pytest.approx(images * (2 * (f + b) + 2 * f + 4 * f))
+    u = rows["jagg"]["forwards"]
+    assert u["kl_ref"] == 0 and u["monitor_runs"] == 10  # iterations 0, 20, …, 180
+    # 4 images per process on 8 processes, one full group of 4: exact 4 graphs, JAGG and ablate 2 + 2 no-grad each,
+    # and at β > 0 a reference forward per step loss (3 × 4)
+    share = 4 * 8 / images * 10 / 200
+    assert (u["monitor_grad"], u["monitor_nograd"], u["monitor_reference"]) == pytest.approx(
+        (8 * share, 4 * share, 12 * share))
+    assert "β = 0.04: the loss's KL, one per trained step, every iteration (in the update)" in format_plan(s)
 
 
 @pytest.mark.parametrize("profile", REAL)

@@ -102,6 +102,26 @@ def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_on
     assert explicit.size[0] == 2 * 144 + 3 * 6
 
 
+def test_the_kl_ref_phase_says_at_which_cadence_it_was_measured():
+    """train/kl_ref's reference forwards at β = 0 run every train.kl_ref_every iterations: the phase's label says so,
+    and its mean counts the iterations without it as 0 (its share of the run, in the overhead)."""
+    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.pipeline.report import _Run, breakdown_rows, iteration_breakdown, kl_ref_phase
+
+    toy = load_params(REPO / "params.yaml", "toy")
+    assert kl_ref_phase(toy.train) == "kl_ref reference (every 8 it.)"
+    assert kl_ref_phase(toy.train.model_copy(update={"kl_ref_every": 1})) == "kl_ref reference (every it.)"
+    assert kl_ref_phase(toy.train.model_copy(update={"beta": 0.04})) == "kl_ref reference (β > 0: in the update)"
+    assert kl_ref_phase(toy.train.model_copy(update={"kl_ref": False})) == "kl_ref reference (off)"
+    curve = [{"iteration": float(i), "time/update": 1.0, "time/iteration": 2.0,
+              **({"time/kl_ref": 0.4} if i % 8 == 1 else {})} for i in range(1, 18)]  # measured at 1, 9 and 17
+    (b,) = iteration_breakdown([_Run("baseline", 0, curve, None)], toy.train)
+    label = "kl_ref reference (every 8 it.)"
+    assert b["phases"][label] == pytest.approx(0.8 / 16) and "kl_ref reference" not in b["phases"]
+    assert b["overhead_s"] == pytest.approx(0.8 / 16 + b["phases"]["other"])
+    assert label in breakdown_rows([b])[0]
+
+
 def test_iteration_breakdown_by_hand(tmp_path):
     """Each phase's mean over the iterations after the warm-up (absent = 0), "other" the rest, overhead's share."""
     from jagg_core.pipeline.report import _Run, iteration_breakdown

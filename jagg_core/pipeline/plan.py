@@ -9,8 +9,12 @@ The FLOP model: a forward of one image at one step is ``2·N·S + 4·L·S²·d``
 text tokens, L attention layers of width d), times 2 under true classifier-free guidance; a video backbone (Wan)
 attends to the text by cross-attention: S = latent frames × patches per frame, plus ``4·L·S·S_text·d``; a backward costs 2 forwards,
 3 with gradient checkpointing (the recompute). A JAGG group of W steps costs K with-grad forwards and backwards plus
-W − K no-grad forwards (none with rollout-velocity reuse); an exact group W of each. Everything else (the reward, the
-optimizer step, communication) is left out and named as such: the figures are a floor for the GPU time.
+W − K no-grad forwards (none with rollout-velocity reuse); an exact group W of each. The frozen reference's no-grad
+forwards are counted as the trainer makes them (at β > 0 one per trained step, in the update; at β = 0 the
+``train/kl_ref`` diagnostic's, every ``train.kl_ref_every`` iterations), and so is the fidelity monitor, both amortised
+over the run (:func:`forward_counts`; ``tests/test_forward_counts.py`` checks them against a traced run's calls).
+Everything else (the reward, the optimizer step, communication) is left out and named as such: the figures are a
+floor for the GPU time.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import Any
 from .config import Params, ResolvedMethod
 from ..cost import group_forwards
 
-__all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
-           "implied_utilisation", "plan"]
+__all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_counts", "forward_flops",
+           "format_plan", "implied_utilisation", "plan"]
 
 
 @dataclass(frozen=True)
@@ -99,24 +103,58 @@ def _lora_params(arch: Architecture, rank: int) -> float:
     return arch.layers * 8 * rank * 2 * arch.hidden
 
 
-def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
-    """Per image and iteration, the expected with-grad and no-grad forwards of the update (in steps; a backward per
-    with-grad forward), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole
-    groups."""
+def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
+    """The transformer forwards of one iteration, per image of the iteration (all processes'), as the trainer runs
+    them: expected over DanceGRPO's random choice of groups, and amortised over ``train.iterations`` for what runs
+    every N iterations. Every image is assumed trained (the trainer skips groups whose advantages are all 0).
+
+    - ``rollout``: the sampler's forwards (one per step).
+    - ``grad`` / ``nograd``: the update's policy forwards with a graph (a backward each) and without one (JAGG's middle
+      steps), per pass (``train.inner_epochs``), from the trainer's own routing (:func:`jagg_core.jagg.plan_groups`).
+    - ``reference``: at β > 0, the loss's KL: one no-grad forward of the frozen reference per trained step, every
+      iteration (inside the update's time).
+    - ``kl_ref``: at β = 0 with ``train.kl_ref``, the ``train/kl_ref`` diagnostic: one reference forward at each
+      group's two endpoint steps, every ``train.kl_ref_every`` iterations (and the first).
+    - ``monitor_grad`` / ``monitor_nograd`` / ``monitor_reference``: the fidelity monitor (every
+      ``train.fidelity_every`` iterations and, under ``jagg_frac: auto``, when it re-estimates): on
+      ``train.fidelity_batch`` images per process, the exact, JAGG and ablate gradients of every full group of the
+      trajectory (W + 2K graphs and 2(W − K) no-grad forwards; at β > 0 3W reference forwards); not run when the
+      parameters are sharded (FSDP on more than one GPU).
+    """
     from ..jagg import plan_groups
     from ..trainer.loop import AUTO_FALLBACK_JAGG_FRAC
 
-    sample = params.sample
+    sample, train, res = params.sample, params.train, params.resources
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
     frac = AUTO_FALLBACK_JAGG_FRAC if method.jagg_frac == "auto" else float(method.jagg_frac)
     groups = plan_groups(trained, method.window, frac, mode=method.mode)
     keep = (max(1, round(sample.timestep_fraction * len(groups))) / len(groups)
             if sample.recipe == "dance_grpo" else 1.0)
-    grad = nograd = 0.0
+    grad = nograd = reference = kl_ref = 0.0
     for g in groups:
         k, n = group_forwards(len(g.steps), g.mode, anchors=method.anchors, reuse=method.reuse_rollout_velocity)
         grad, nograd = grad + k, nograd + n
-    return {"grad": grad * keep, "nograd": nograd * keep}
+        reference += len(g.steps) if train.beta > 0 else 0
+        kl_ref += min(2, len(g.steps)) if train.beta == 0 and train.kl_ref else 0
+    passes = keep * train.inner_epochs
+    iterations = range(train.iterations)
+    kl_share = sum(it % train.kl_ref_every == 0 for it in iterations) / train.iterations
+
+    # The fidelity monitor: the iterations it runs at, and its forwards per run on its images.
+    world = res.num_processes * res.num_machines
+    auto = method.jagg_frac == "auto"
+    runs = 0 if res.distributed == "fsdp" and world > 1 else sum(
+        (train.fidelity_every and it % train.fidelity_every == 0)
+        or (auto and (it == 0 or (method.auto_every and it % method.auto_every == 0))) for it in iterations)
+    full = [g for g in plan_groups(trained, method.window, 1.0, mode="jagg") if len(g.steps) == method.window]
+    w, k = method.window, min(method.anchors, method.window)
+    images = sample.prompts_per_iteration * sample.group_size
+    per_image = min(train.fidelity_batch, images // world) * world / images * runs / train.iterations
+    return {"rollout": float(sample.num_steps), "grad": grad * passes, "nograd": nograd * passes,
+            "reference": reference * passes, "kl_ref": kl_ref * passes * kl_share,
+            "monitor_grad": len(full) * (w + 2 * k) * per_image, "monitor_nograd": len(full) * 2 * (w - k) * per_image,
+            "monitor_reference": len(full) * 3 * w * per_image if train.beta > 0 else 0.0,
+            "monitor_runs": float(runs), "kl_ref_runs": kl_share * train.iterations}
 
 
 def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION) -> dict[str, Any]:
@@ -144,11 +182,40 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         "lora_rank": state["rank"], "images_per_iteration": images, "num_steps": sample.num_steps,
         "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
         "evaluation": _evaluation(params, f, n_gpus, utilisation), "paper": PAPER.get(params.profile),
+        "notes": _forward_notes(params, rows, n_gpus),
         "commands": [f"jagg run --profile {params.profile}",
                      f"jagg train --profile {params.profile} --method <method> --seed 0   # one run",
                      f"jagg train --profile {params.profile} --method <method> --seed 0 --machine-rank <r> "
                      f"--main-process-ip <machine 0>   # one run on resources.num_machines machines (each its r)"],
     }
+
+
+def _forward_notes(params: Params, rows: list[dict[str, Any]], n_gpus: int) -> list[str]:
+    """The footnote: what the forward columns count, and when the reference and the fidelity monitor run."""
+    train, res = params.train, params.resources
+    first = rows[0]["forwards"] if rows else {}
+    n = train.iterations
+    if train.beta > 0:
+        ref = f"β = {train.beta:g}: the loss's KL, one per trained step, every iteration (in the update)"
+    elif train.kl_ref:
+        ref = (f"β = 0: train/kl_ref's diagnostic, one at each group's two endpoint steps at "
+               f"{first.get('kl_ref_runs', 0):.0f} of {n} iterations (every {train.kl_ref_every}th and the first), "
+               "amortised (in diag)")
+    else:
+        ref = "none (β = 0, train.kl_ref off)"
+    runs = first.get("monitor_runs", 0)
+    if runs:
+        monitor = (f"{train.fidelity_batch} images per process, the exact, JAGG and ablate gradients of every full "
+                   f"group, at {runs:.0f} of {n} iterations")
+    elif res.distributed == "fsdp" and n_gpus > 1:
+        monitor = f"not run under FSDP on {n_gpus} GPUs"
+    else:
+        monitor = "off (train.fidelity_every 0)"
+    return ["grad fwd / nograd: the policy's forwards per image with a graph (a backward each) / without one "
+            "(JAGG's middle steps)",
+            "ref fwd: the frozen reference's no-grad forwards per image; " + ref,
+            "diag PFLOP: beside the update, amortised over the run: the train/kl_ref diagnostic and the fidelity "
+            f"monitor ({monitor})"]
 
 
 @dataclass(frozen=True)
@@ -206,20 +273,25 @@ def _method_rows(params: Params, names: tuple[str, ...], *, f: float, b: float, 
     base = None
     for name in names:
         m = params.method(name)
-        units = _update_units(params, m)
-        update = images * (units["grad"] * (f + b) + units["nograd"] * f)
+        units = forward_counts(params, m)
+        # The update: the policy's forwards and backwards, and at β > 0 the loss's reference forwards.
+        update = images * (units["grad"] * (f + b) + (units["nograd"] + units["reference"]) * f)
+        # Beside it, amortised: the train/kl_ref diagnostic (β = 0) and the fidelity monitor.
+        diagnostics = images * ((units["kl_ref"] + units["monitor_nograd"] + units["monitor_reference"]) * f
+                                + units["monitor_grad"] * (f + b))
         graphs = (m.window if m.mode == "exact_batched"  # every step's graph alive at once
                   else 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window))
         row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
+               "reference_forwards_per_image": units["reference"] + units["kl_ref"], "forwards": units,
                "rollout_pflop": rollout / 1e15, "update_pflop": update / 1e15,
-               "iteration_pflop": (rollout + update) / 1e15,
+               "diagnostics_pflop": diagnostics / 1e15, "iteration_pflop": (rollout + update + diagnostics) / 1e15,
                "peak_gb_per_rank": (state["fixed"] + graphs * state["per_graph"]) / 1e9}
         for gpu, spec in GPUS.items():
             rate = n_gpus * spec["peak_tflops"] * 1e12 * utilisation
             row[f"{gpu}_update_s"] = update / rate
-            row[f"{gpu}_iteration_s"] = (rollout + update) / rate
-            row[f"{gpu}_run_h"] = (rollout + update) / rate * params.train.iterations / 3600
+            row[f"{gpu}_iteration_s"] = (rollout + update + diagnostics) / rate
+            row[f"{gpu}_run_h"] = (rollout + update + diagnostics) / rate * params.train.iterations / 3600
         if m.mode == "exact" and base is None:
             base = row
         rows.append(row)
@@ -263,14 +335,16 @@ def format_plan(p: dict[str, Any]) -> str:
         f"{mem['trainable_state_gb']:.1f} GB + frozen encoders {mem['frozen_encoders_gb']:.1f} GB + "
         f"{mem['activations_per_graph_gb']:.1f} GB of activations per live graph",
         "",
-        f"  {'method':<16}{'grad fwd/img':>13}{'nograd/img':>11}{'update PFLOP':>13}{'iter PFLOP':>11}"
+        f"  {'method':<16}{'grad fwd/img':>13}{'nograd/img':>11}{'ref fwd/img':>12}{'update PFLOP':>13}"
+        f"{'diag PFLOP':>11}{'iter PFLOP':>11}"
         f"{'peak GB/rank':>13}{'H100 upd s':>11}{'H100 it s':>10}{'H200 it s':>10}{'H100 run h':>11}"
         f"{'update ×':>9}{'iter ×':>8}",
     ]
     for r in p["methods"]:
         lines.append(
             f"  {r['method']:<16}{r['grad_forwards_per_image']:>13.2f}{r['nograd_forwards_per_image']:>11.2f}"
-            f"{r['update_pflop']:>13.1f}{r['iteration_pflop']:>11.1f}{r['peak_gb_per_rank']:>13.1f}"
+            f"{r['reference_forwards_per_image']:>12.2f}{r['update_pflop']:>13.1f}{r['diagnostics_pflop']:>11.1f}"
+            f"{r['iteration_pflop']:>11.1f}{r['peak_gb_per_rank']:>13.1f}"
             f"{r['H100_update_s']:>11.1f}{r['H100_iteration_s']:>10.1f}{r['H200_iteration_s']:>10.1f}"
             f"{r['H100_run_h']:>11.1f}{r.get('update_speedup', 1.0):>8.2f}×{r.get('iteration_speedup', 1.0):>7.2f}×")
     ev = p["evaluation"]
@@ -281,6 +355,7 @@ def format_plan(p: dict[str, Any]) -> str:
         + ("" if p.get("frames", 1) == 1 else " (scored as frame-averaged image scores, docs/video.md)"),
         f"  times assume {p['utilisation']:.0%} of the dense bf16 peak ({GPUS['H100']['peak_tflops']:.0f} TFLOPS per "
         "GPU) and leave out the reward, the optimizer step and communication: a floor.",
+        *(f"  {note}" for note in p.get("notes", [])),
     ]
     if p["paper"]:
         pu, pi = p["paper"]["update"], p["paper"]["iteration"]

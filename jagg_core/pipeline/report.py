@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import Params
+from .config import Params, TrainConfig
 from ..cost import ideal_speedup
 from .paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
@@ -27,7 +27,7 @@ from .report_protocols import evaluation_section
 from .storage import atomic_write_text
 
 __all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
-           "read_curve", "speed_table", "PHASES"]
+           "kl_ref_phase", "read_curve", "speed_table", "PHASES"]
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -117,11 +117,28 @@ PHASES = (
 )
 # What a user pays for beyond GRPO itself (rollout, reward and the update stage: forward, backward, sync, optimizer).
 OVERHEAD_PHASES = ("fidelity monitor", "kl_ref reference", "logging", "checkpoint", "other")
+KL_REF_PHASE = "kl_ref reference"
 
 
-def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
+def kl_ref_phase(train: TrainConfig | None) -> str:
+    """The label of train/kl_ref's phase, with the cadence its reference forwards ran at: ``train.kl_ref_every`` at
+    β = 0 (the mean counts the other iterations as 0); at β > 0 they are the loss's, inside the update: it is 0."""
+    if train is None:
+        return KL_REF_PHASE
+    if not train.kl_ref:
+        return f"{KL_REF_PHASE} (off)"
+    if train.beta > 0:
+        return f"{KL_REF_PHASE} (β > 0: in the update)"
+    return f"{KL_REF_PHASE} (every {train.kl_ref_every} it.)" if train.kl_ref_every > 1 else (
+        f"{KL_REF_PHASE} (every it.)")
+
+
+def iteration_breakdown(runs: Sequence[_Run], train: TrainConfig | None = None) -> list[dict[str, Any]]:
     """Per method: the mean seconds of each phase of an iteration (warm-up iteration excluded; a phase that did not
-    run in an iteration counts 0 there), "other" for the rest, and the overhead share of the iteration."""
+    run in an iteration counts 0 there), "other" for the rest, and the overhead share of the iteration. With the
+    run's ``train`` section the kl_ref phase is labelled with its cadence (:func:`kl_ref_phase`)."""
+    label = kl_ref_phase(train)
+    rename = {KL_REF_PHASE: label}
     by_method: dict[str, list[dict[str, float]]] = {}
     for r in runs:
         rows = [x for x in (r.curve[1:] if len(r.curve) > 1 else r.curve) if "time/iteration" in x]
@@ -130,25 +147,30 @@ def iteration_breakdown(runs: Sequence[_Run]) -> list[dict[str, Any]]:
     for method, rows in by_method.items():
         if not rows:
             continue
-        phases = {name: statistics.fmean(get(x) for x in rows) for name, get in PHASES}
+        phases = {rename.get(name, name): statistics.fmean(get(x) for x in rows) for name, get in PHASES}
         total = statistics.fmean(x["time/iteration"] for x in rows)
         phases["other"] = max(0.0, total - sum(phases.values()))
-        overhead = sum(phases[k] for k in OVERHEAD_PHASES)
+        overhead = sum(phases[rename.get(k, k)] for k in OVERHEAD_PHASES)
         out.append({"method": method, "iterations": len(rows), "iteration_s": total, "phases": phases,
                     "overhead_s": overhead, "overhead_share": overhead / total if total else float("nan")})
     return out
 
 
+def _phase_names(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The breakdown's phase labels, in order (the kl_ref phase's as :func:`iteration_breakdown` labelled it)."""
+    return list(rows[0]["phases"]) if rows else [name for name, _ in PHASES] + ["other"]
+
+
 def _plot_breakdown(rows: Sequence[dict[str, Any]], path: Path, title: str) -> bool:
     """One horizontal stacked bar per method: its iteration split into phases (seconds)."""
     return plot_stacked_bars([f"{r['method']}\n{r['overhead_share']:.1%} overhead" for r in rows],
-                             [r["phases"] for r in rows], [name for name, _ in PHASES] + ["other"], path,
+                             [r["phases"] for r in rows], _phase_names(rows), path,
                              title=title, xlabel="seconds per iteration (mean)")
 
 
 def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     """The breakdown as a table: seconds per phase, the iteration, and the overhead share."""
-    names = [name for name, _ in PHASES] + ["other"]
+    names = _phase_names(rows)
     table = [["method"] + names + ["iteration s", "overhead"]]
     for r in rows:
         table.append([r["method"]] + [fmt(r["phases"][n], 3) for n in names] +
@@ -190,7 +212,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
             row["seeds"] = len(vals)
         final.append(row)
     speed = speed_table(params, runs)
-    breakdown = iteration_breakdown(runs)
+    breakdown = iteration_breakdown(runs, params.train)
 
     figures = {}
     # First: what GRPO learned on held-out prompts (the primary metric) and, beside it, the other scores

@@ -114,7 +114,8 @@ def page_markdown(params: Params, summary: dict, breakdown: list[list[str]]) -> 
              "## Where an iteration's time goes (seconds, mean per iteration)\n",
              markdown_table(breakdown),
              "Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (what is neither rollout, "
-             "reward nor the update stage).\n"]
+             "reward nor the update stage). A phase that runs every N iterations (its column says so) counts 0 in the "
+             "others: the mean is its share of the run.\n"]
     for key, name in list(summary["figures"].items())[1:]:
         parts.append(f"## {key}\n\n![{key}]({name})\n")
     return "\n".join(parts)
@@ -152,7 +153,8 @@ th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}img{{max
 <p>Ideal = the cost model's update-stage speedup (forward 1, backward 2) from the counted forwards.</p>
 <h2>Where an iteration's time goes (seconds, mean per iteration)</h2><div class="wide">{_html_table(breakdown)}</div>
 <p>Overhead = fidelity monitor + kl_ref reference + logging + checkpoint + other (neither rollout, reward nor the
-update stage).</p>
+update stage). A phase that runs every N iterations (its column says so) counts 0 in the others: the mean is its
+share of the run.</p>
 {figs}
 </body></html>
 """

@@ -21,7 +21,7 @@ __all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 # gradient of a chunk is the same sum, so lowering it after an out-of-memory error resumes the run), not what it
 # computes.
 IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
-                  "micro_batch", "kl_ref"}
+                  "micro_batch", "kl_ref", "kl_ref_every"}
 
 
 def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:

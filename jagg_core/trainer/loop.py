@@ -237,6 +237,9 @@ def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantag
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
+    # train/kl_ref at β = 0 is a diagnostic: measured every train.kl_ref_every iterations (and at the first); at β > 0
+    # the loss's own KL, computed at every trained step anyway, is logged every iteration
+    kl_now = tcfg.kl_ref and (tcfg.beta > 0 or it % tcfg.kl_ref_every == 0)
     for _epoch in range(tcfg.inner_epochs):
         perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
         for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
@@ -245,7 +248,8 @@ def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantag
             r.sync.start_step()
             if len(chunk) and finite:
                 ustats.add(accumulate_gradients(r.policy, traj, advantages, chunk, groups, method, sample=sample,
-                                                train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast))
+                                                train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast,
+                                                measure_kl_ref=kl_now))
             if fault("update", step) == "nan":  # reliability tests: a NaN gradient (also a kill point, after a backward)
                 next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
             t1 = time.perf_counter()
@@ -264,12 +268,13 @@ def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantag
             optimizer_time += time.perf_counter() - t2
     # train/kl_ref's reference forwards are a diagnostic, not the method's work: a phase of their own
     metrics["time/update"] = time.perf_counter() - t0 - optimizer_time - sync_time - ustats.kl_ref_seconds
-    metrics["time/kl_ref"] = ustats.kl_ref_seconds
+    if kl_now:  # like time/fidelity: only at the iterations it ran (the report averages an absent phase as 0)
+        metrics["time/kl_ref"] = ustats.kl_ref_seconds
     metrics["time/backward"] = ustats.backward_seconds
     metrics["time/sync"] = sync_time
     metrics["time/optimizer"] = optimizer_time
     metrics["train/loss"] = ustats.loss
-    for key in ("policy_loss", "approx_kl", "clipfrac", "kl", *(("kl_ref",) if tcfg.kl_ref else ())):
+    for key in ("policy_loss", "approx_kl", "clipfrac", "kl", *(("kl_ref",) if kl_now else ())):
         metrics[f"train/{key}"] = _mean(ustats.extras.get(key, []))
     metrics["train/grad_norm"] = _mean(grad_norms)
     metrics["train/grad_forwards"] = ustats.grad_forwards

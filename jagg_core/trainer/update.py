@@ -162,11 +162,13 @@ def accumulate_gradients(
     sync: GradSync,
     reuse: bool,
     autocast: Callable[[], object],
+    measure_kl_ref: bool = True,
 ) -> UpdateStats:
     """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
 
-    With ``train.kl_ref`` and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze) each group's
-    endpoint steps also report ``kl_ref`` (:func:`make_step_fns`).
+    With ``train.kl_ref``, ``measure_kl_ref`` (the trainer's cadence, ``train.kl_ref_every``; at β > 0 the loss's KL
+    is reported whatever it says) and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze)
+    each group's endpoint steps also report ``kl_ref`` (:func:`make_step_fns`).
 
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
     the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
@@ -174,7 +176,7 @@ def accumulate_gradients(
     stats = UpdateStats()
     n_steps = sum(len(g.steps) for g in groups)
     local = len(rows)
-    kl_ref = train.kl_ref and policy.has_reference()
+    kl_ref = train.kl_ref and (measure_kl_ref or train.beta > 0) and policy.has_reference()
     kl_seconds: list[float] = []
     micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
     for m, mb in enumerate(micro):
