@@ -24,10 +24,9 @@ from .launch import die_with_parent, launch, local_context, read_context, user_e
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
-    from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
+    from jagg_core.evaluation.evaluate import test_prompts
     from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
-    from jagg_core.sampling import image_grid
     from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")
@@ -46,6 +45,10 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
 
 
 def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str, log) -> dict:  # noqa: ANN001
+    """The evaluation itself, once its MLflow run is open (``tracker.ending`` around it in :func:`evaluate`)."""
+    from jagg_core.evaluation.evaluate import evaluate_run
+    from jagg_core.sampling import image_grid
+
     logger = tracker.logger(run_id)
     if params.resources.num_processes > 1:
         result = _evaluate_in_processes(params, lay, run, log)

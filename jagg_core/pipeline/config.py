@@ -94,7 +94,26 @@ _Size = Annotated[int, Field(ge=1, le=16384)]
 _Tokens = Annotated[int, Field(ge=1, le=8192)]
 _Scale = Annotated[float, Field(ge=0, le=1000)]
 _Shift = Annotated[float, Field(gt=0, le=1000)]
-_LORA = (Union[dict[str, Any], None], None)
+class _LoraOptions(BaseModel):
+    """``model.options.lora`` (the policies' LoRA keys; ``model.lora`` is the usual place)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
+    rank: Annotated[int, Field(ge=0, le=4096)] = 0
+    alpha: Union[Annotated[float, Field(gt=0, le=1e6)], None] = None
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    target_modules: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=1000)
+
+
+def _lora_dict(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, Mapping):
+        raise ValueError("lora must be a mapping of rank, alpha, dropout, target_modules")
+    typed = _LoraOptions.model_validate(dict(v))
+    return {k: getattr(typed, k) for k in v}
+
+
+_LORA = (Annotated[Union[dict[str, Any], None], BeforeValidator(_lora_dict)], None)
 # What each backbone's model.options take (the policies' DEFAULTS; tests/test_reliability_r4.py checks they agree).
 _DIFFUSERS_COMMON = {"height": (_Size, None), "width": (_Size, None), "guidance_scale": (_Scale, None),
                      "max_sequence_length": (_Tokens, None), "lora": _LORA, "gradient_checkpointing": (bool, None)}
@@ -229,7 +248,7 @@ class SampleConfig(_Section):
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
     sde_window_size: int = Field(8, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
-    sde_window_range: tuple[int, int] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+    sde_window_range: tuple[Annotated[int, Field(ge=0, le=1000)], Annotated[int, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")

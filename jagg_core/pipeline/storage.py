@@ -194,7 +194,7 @@ def read_prompt_list(path: str | os.PathLike) -> list[str]:
 
 
 # Weight files up to this size in all are hashed as one stream; a larger folder (a real model of tens of GB) file by
-# file, each file's SHA-256 remembered by its size, modification time and inode (a `touch` re-hashes it and finds the
+# file, each file's SHA-256 remembered by its size, mtime, ctime and inode (a `touch` re-hashes it and finds the
 # same content: the digest is of the content only, never of a time).
 CONTENT_DIGEST_LIMIT = 1 << 30
 
@@ -208,7 +208,7 @@ def _digest_cache(path: Path) -> Path:
 def _file_content_sha256(path: Path) -> str:
     """A file's SHA-256, remembered (best effort) by its size, mtime and inode so a large model is read once."""
     st = path.stat()
-    key = [st.st_size, st.st_mtime_ns, st.st_ino]
+    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # ctime: no one sets it back
     cache = _digest_cache(path)
     try:
         known = json.loads(cache.read_text())
