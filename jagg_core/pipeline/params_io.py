@@ -103,7 +103,9 @@ def _read_params_file(path: Path) -> str:
     unreadable, absurdly large)."""
     try:
         info = path.stat()
-        if not stat.S_ISREG(info.st_mode) and not stat.S_ISDIR(info.st_mode):
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
             # /dev/zero, /dev/urandom (endless), a FIFO (blocks until someone writes): not a params file
             raise ParamsError(f"{path} is not a regular file (a device, a FIFO or a socket); pass a params file.")
         if info.st_size > _MAX_FILE_BYTES:
