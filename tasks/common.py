@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 from jagg_core.pipeline.config import Params, ParamsError
 
-from jagg_core.pipeline.params_io import load_params, parse_yaml
+from jagg_core.pipeline.params_io import _MAX_SET_CHARS, load_params, parse_yaml
 from jagg_core.errors import UserError
 from jagg_core.pipeline.paths import Layout
 
@@ -31,6 +31,8 @@ __all__ = [
     "stage_logger",
     "DEFAULT_SWEEP",
     "add_sweep_arg",
+    "process_died",
+    "retry_only_died",
 ]
 
 ROOT = Path(os.environ.get("JAGG_ROOT", ".")).resolve()
@@ -110,6 +112,22 @@ def prefect_tasks(module: str, **tasks: tuple[Callable[..., Any], dict[str, Any]
     return __getattr__
 
 
+def process_died(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says a process died (killed, out of memory, a crash), the one failure a retry can help:
+    a class that sets ``process_died = True`` (``tasks.train.WorkerDied``)."""
+    return exc is not None and bool(getattr(type(exc), "process_died", False))
+
+
+def retry_only_died(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry_condition_fn signature)
+    """Every stage task's retry condition: retry only a process that died; a user error (a bad option, a
+    RewardError, a damaged manifest, a read-only folder, a TypeError) would fail the same way again."""
+    try:
+        state.result(raise_on_failure=True)
+    except BaseException as e:  # noqa: BLE001
+        return process_died(e)
+    return False
+
+
 def free_port() -> int:
     """A TCP port free on this machine now (for a rendezvous of processes started next)."""
     import socket
@@ -186,7 +204,10 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ParamsError(f"--set {item!r} must look like KEY=VALUE, e.g. train.iterations=5.")
-        out[key.strip()] = parse_yaml(value, f"--set {key.strip()}")
+        if len(value) > _MAX_SET_CHARS:
+            raise ParamsError(f"--set {key.strip()[:60]} is {len(value):,} characters long; a value of params is "
+                              f"short (at most {_MAX_SET_CHARS:,}).")
+        out[key.strip()] = parse_yaml(value, f"--set {key.strip()[:60]}")
     return out
 
 

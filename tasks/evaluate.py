@@ -18,16 +18,15 @@ from jagg_core.pipeline.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
-                     parse_overrides, prefect_tasks, stage_logger)
+                     parse_overrides, prefect_tasks, retry_only_died, stage_logger)
 from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
-    from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
+    from jagg_core.evaluation.evaluate import test_prompts
     from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
-    from jagg_core.sampling import image_grid
     from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")
@@ -40,6 +39,16 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     # guidance, the per-prompt seed rule (jagg_core/evaluation/protocols.py)
     tags = {**orchestration_tags(), **evaluation_conventions(params)}
     run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=tags)
+    # Whatever ends the evaluation (an error, Ctrl-C, SIGTERM) ends a run it left RUNNING: FAILED or KILLED.
+    with tracker.ending(run_id, only_running=True):
+        return _evaluate_logged(params, lay, run, tracker, run_id, log)
+
+
+def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str, log) -> dict:  # noqa: ANN001
+    """The evaluation itself, once its MLflow run is open (``tracker.ending`` around it in :func:`evaluate`)."""
+    from jagg_core.evaluation.evaluate import evaluate_run
+    from jagg_core.sampling import image_grid
+
     logger = tracker.logger(run_id)
     if params.resources.num_processes > 1:
         result = _evaluate_in_processes(params, lay, run, log)
@@ -132,7 +141,8 @@ def _evaluate_task(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict
 
 
 # Made on first use: `python -m tasks.evaluate` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, evaluate_task=(_evaluate_task, dict(name="evaluate", retries=1)))
+__getattr__ = prefect_tasks(__name__, evaluate_task=(_evaluate_task, dict(name="evaluate", retries=1,
+                                                                        retry_condition_fn=retry_only_died)))
 
 
 @cli
@@ -151,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         _worker(params, lay, args.run)
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
+    from .launch import stop_on_signals
+
+    stop_on_signals()  # SIGTERM as Ctrl-C: the MLflow run ends KILLED, worker groups stop (tasks/launch.py)
     if args.run != "base":
         try:
             params.method(parse_run_name(args.run)[0])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .common import ROOT, add_common_args, cli, layout, load, parse_overrides
 
@@ -39,12 +40,20 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
         if ckpt is None:
             raise ExportError(f"run {run!r} has no checkpoint at step {step}; its checkpoints: "
                               f"{', '.join(str(c.iteration) for c in found)}.")
+    dest = root / out if out else root / "exports" / lay.outputs / f"{run}-step{ckpt.iteration}"
+    if not dest.resolve().is_relative_to(Path(root).resolve()):
+        raise ExportError(f"--out {out!r} leads outside the project ({dest.resolve()}); pass a folder inside it.")
     policy = policy_from_params(params, lay, torch.device("cpu"))
     load_trainable_state_dict(policy.transformer, ckpt.tensors())
-    dest = root / out if out else root / "exports" / lay.outputs / f"{run}-step{ckpt.iteration}"
     card = {"profile": params.profile, "run": run, "iteration": ckpt.iteration, "checkpoint": str(ckpt.path),
             "base_model": params.model.path or str(lay.base_model)}
     return export_transformer(policy.transformer, dest, backbone=params.model.backbone, card=card)
+
+
+class _Terminated(KeyboardInterrupt):
+    def __init__(self, signum: int):
+        super().__init__("interrupted by SIGTERM")
+        self.signum = signum
 
 
 @cli
@@ -57,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="output folder, repository-relative (default exports/<profile>/...)")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
+    import signal
+
+    def _stop(signum, frame):  # noqa: ANN001  (SIGTERM as Ctrl-C: the temporary folder is removed, exit 143)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated(signum)
+
+    signal.signal(signal.SIGTERM, _stop)
     print(export(params, args.run, step=args.step, out=args.out))
     return 0
 

@@ -28,7 +28,7 @@ from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout
 
 __all__ = ["Interrupted", "die_with_parent", "error_class", "launch", "stop_on_signals", "local_context", "read_context",
-           "remove_stale_contexts", "report_error_class", "user_error", "write_context"]
+           "remove_stale_contexts", "report_error_class", "user_error", "write_context", "worker_error"]
 
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
@@ -163,6 +163,22 @@ def report_error_class() -> Iterator[None]:
     except UserError as e:
         print(f"{_ERROR_CLASS}{type(e).__module__}:{type(e).__qualname__}", file=sys.stderr, flush=True)
         raise
+    except Exception as e:  # noqa: BLE001  (any other error of its own: the same input fails the same way again)
+        text = " ".join(str(e).split())[:300]
+        print(f"{_WORKER_ERROR}{type(e).__name__}: {text}", file=sys.stderr, flush=True)
+        raise
+
+
+_WORKER_ERROR = "jagg: worker error: "
+
+
+def worker_error(tail: deque) -> str | None:
+    """A worker's own Python error (an exception it raised, not a death by a signal or the OOM killer), as
+    ``Class: message``, if it stopped with one (:func:`report_error_class` prints it)."""
+    errors = [ln for ln in tail if ln.startswith(_WORKER_ERROR)]
+    return errors[-1].removeprefix(_WORKER_ERROR) if errors else None
+
+
 
 
 def error_class(tail: deque, default: type[UserError]) -> type[UserError]:

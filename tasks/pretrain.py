@@ -21,7 +21,7 @@ from jagg_core.pipeline.paths import Layout
 from jagg_core.errors import UserError
 from jagg_core.pipeline.storage import atomic_write_text, replace_dir
 
-from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, retry_only_died, stage_logger
 
 
 def _same_recipe(card_path, params: Params) -> bool:
@@ -124,7 +124,8 @@ def _pretrain_task(params: Params) -> dict:
 
 
 # Made on first use: `python -m tasks.pretrain` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, pretrain_task=(_pretrain_task, dict(name="pretrain", retries=1)))
+__getattr__ = prefect_tasks(__name__, pretrain_task=(_pretrain_task, dict(name="pretrain", retries=1,
+                                                                        retry_condition_fn=retry_only_died)))
 
 
 @cli

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 from pathlib import Path
 
 from .common import ROOT, ServiceError, cli, load
@@ -70,9 +71,44 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
         raise ServiceError(f"{' '.join(cmd[:4])} failed: {(out.stderr or out.stdout).strip().splitlines()[-1:]}")
 
 
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started (psutil's create_time), None if there is no such process."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError, OverflowError):
+        return None
+
+
+def _record(pid: int) -> dict[str, Any]:
+    """What pids.json keeps of a service: its pid and its process's start time, which tells it from a process that
+    took the pid over after a crash or a reboot."""
+    return {"pid": pid, "started": _started(pid)}
+
+
 def _pids() -> dict[str, int]:
+    """The services this project started that still run: a pid whose process started at another time (a stale
+    pids.json; the pid now names a stranger) or a record without a start time is not ours and is left alone."""
+    return {name: rec["pid"] for name, rec in _records().items() if _ours(rec)}
+
+
+def _records() -> dict[str, dict[str, Any]]:
     f = STATE / "pids.json"
-    return json.loads(f.read_text()) if f.exists() else {}
+    try:
+        data = json.loads(f.read_text()) if f.exists() else {}
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items()
+            if isinstance(v, dict) and type(v.get("pid")) is int and v["pid"] > 0}
+
+
+def _ours(rec: dict[str, Any]) -> bool:
+    started = _started(rec["pid"])
+    return (started is not None and isinstance(rec.get("started"), (int, float))
+            and abs(started - rec["started"]) < 0.05)
 
 
 def _alive(pid: int) -> bool:
@@ -141,12 +177,12 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dic
     # The UI's pages call the API at PREFECT_UI_API_URL (default port 4200): point it at this server's own port.
     pids = {"server": _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", host, "--port",
                                                  str(prefect_port)], {**_env(), "PREFECT_UI_API_URL": api})}
-    (STATE / "pids.json").write_text(json.dumps(pids))
+    _write_pids(pids)
     _wait_http(f"{api}/health", 90, "the Prefect server")
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
-    (STATE / "pids.json").write_text(json.dumps(pids))
+    _write_pids(pids)
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
     if mlflow_port:
         from jagg_core.pipeline.tracking import resolve_uri
@@ -155,8 +191,14 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dic
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
         urls["mlflow_ui"] = f"http://{host}:{mlflow_port}"
-    (STATE / "pids.json").write_text(json.dumps(pids))
+    _write_pids(pids)
     return urls
+
+
+def _write_pids(pids: dict[str, int]) -> None:
+    from jagg_core.pipeline.storage import atomic_write_text
+
+    atomic_write_text(STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
 
 
 def down() -> None:
@@ -200,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "down":
         down()
     elif args.action == "status":
-        for name, pid in _pids().items():
-            print(f"{name}: pid {pid} {'running' if _alive(pid) else 'stopped'}")
+        for name, rec in _records().items():
+            state = ("running" if _alive(rec["pid"]) else "stopped") if _ours(rec) else (
+                "stopped (pids.json is stale: the pid now names another process)" if _started(rec["pid"]) else
+                "stopped")
+            print(f"{name}: pid {rec['pid']} {state}")
     else:  # ui: the MLflow UI in the foreground on the project's store
         return ui(args.host, args.mlflow_port)
     return 0

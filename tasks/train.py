@@ -26,20 +26,22 @@ from collections import deque
 from pathlib import Path
 
 from jagg_core.errors import UserError
-from jagg_core.pipeline.config import Params
+from jagg_core.pipeline.config import Params, ParamsError
 from jagg_core.pipeline.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
-                     parse_overrides, prefect_tasks, stage_logger)
+                     parse_overrides, prefect_tasks, retry_only_died, stage_logger)
 from .launch import (Machine, accelerate_command, die_with_parent, error_class, launch, local_context, read_context,
-                     remove_stale_contexts, report_error_class, stop_on_signals, user_error, write_context)
+                     remove_stale_contexts, report_error_class, stop_on_signals, user_error, worker_error, write_context)
 
 
 class WorkerDied(TrainingError):
     """The training process ended without an error of its own (killed, out of memory, a crash): a retry resumes."""
+
+    process_died = True  # tasks/launch.py:retry_only_died retries this, and nothing else
 
 
 def pending_file(lay: Layout, run: str) -> Path:
@@ -117,6 +119,9 @@ def _failure(run: str, rc: int, tail: deque) -> TrainingError:
     if error:  # the run's own error, as its own class: the same input fails the same way again (never retried)
         cls = error_class(tail, TrainingError)
         return (TrainingError if issubclass(cls, WorkerDied) else cls)(f"training run {run} failed: {error}")
+    own = worker_error(tail)
+    if own:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
+        return TrainingError(f"training run {run} failed in its worker with {own}")
     return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
 
 
@@ -158,6 +163,16 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
+    with tracker.ending(mlflow_run):
+        from jagg_core.pipeline.faults import fault
+
+        fault("run_created", 0)  # the reliability tests' SIGTERM in the half second after the run is created
+        return _train_rank0(params, lay, method, seed, machine, restart, log, tracker, mlflow_run, key, run)
+
+
+def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: Machine, restart: bool, log,  # noqa: ANN001
+                 tracker, mlflow_run: str, key: str, run: str) -> dict:  # noqa: ANN001
     if params.resources.num_machines > 1 and _trained(lay, run, params, key):
         # Trained already: launching would wait for the other machines, which have nothing to do.
         log.info("%s is trained (%d iterations); not launching it on %d machines again", run,
@@ -168,15 +183,9 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     machine.check_address(params)
     remove_stale_contexts(lay.run_dir(run), ".worker-context-*.json")
     context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
-    try:
+    try:  # an error ends the run FAILED, Ctrl-C or SIGTERM (through stop_on_signals) KILLED: Tracker.ending
         write_context(context, params, lay, mlflow_run, key, restart)
         _launch_workers(params, lay, method, seed, machine, context, log)
-    except UserError:  # the run's own error (its worker's class) or a died worker
-        tracker.finish(mlflow_run, "FAILED")
-        raise
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM through stop_on_signals: the run did not fail, it was stopped
-        tracker.finish(mlflow_run, "KILLED")
-        raise
     finally:
         context.unlink(missing_ok=True)
     _replay_pending(tracker, mlflow_run, lay, run, log)
@@ -238,13 +247,7 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
 def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry_condition_fn signature)
     """Retry only a run whose process died (it resumes from its checkpoint); an error of the run's own — a bad
     parameter, a damaged checkpoint, a diverged loss — would fail the same way again."""
-    try:
-        state.result(raise_on_failure=True)
-    except WorkerDied:
-        return True
-    except BaseException:  # noqa: BLE001
-        return False
-    return False
+    return retry_only_died(task, task_run, state)
 
 
 def _train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     seed = params.run.seeds[0] if args.seed is None else args.seed
+    if not 0 <= seed <= 2**31 - 1:  # as run.seeds: a negative seed names no run ('jagg-s-1') and seeds nothing
+        raise ParamsError(f"--seed {seed} must be a whole number from 0 to {2**31 - 1}.")
     params.method(args.method)  # an unknown method fails here, before anything starts
     if args.worker:
         check_train_prompts(params, layout(params))

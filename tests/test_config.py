@@ -194,7 +194,7 @@ def test_an_unknown_reward_option_is_one_sentence_before_any_model_loads(ci_proj
                      root=ci_project, timeout=120)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
-    assert lines[0].startswith("jagg: error: reward.options.toy_fidelity: 'toy_fidelity' has no option 'bogus'")
+    assert lines[0].startswith("jagg: error: ") and "reward.options.toy_fidelity: 'toy_fidelity' has no option 'bogus'" in lines[0]
     assert sorted(p.relative_to(ci_project) for p in ci_project.rglob("*")) == before  # nothing written
 
 

@@ -85,13 +85,32 @@ def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
     if ev.protocol == "hpdv2-test":
         if params.is_toy and not ev.benchmark and not (Path(source) / "test.json").is_file():
             raise EvalError(f"no test list {source}/test.json; run the prepare stage (`jagg prepare`).")
-        return load_hpdv2_test(source, subset=ev.subset)
+        groups = load_hpdv2_test(source, subset=ev.subset)
+        return _toy_grammar(groups, source, params) if params.is_toy else groups
     if params.is_toy:
         styles = sorted(p.stem for p in (Path(source) / "benchmark").glob("*.json")) if Path(source).is_dir() else []
         if not styles:
             raise EvalError(f"no test prompts under {source}/benchmark; run the prepare stage (`jagg prepare`).")
-        return load_hps_benchmark(source, styles=styles, subset=ev.subset)
+        return _toy_grammar(load_hps_benchmark(source, styles=styles, subset=ev.subset), source, params)
     return load_hps_benchmark(source, subset=ev.subset)
+
+
+def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> dict[str, list[str]]:
+    """On the toy world every test prompt must be one of its grammar (the toy rewards parse it): checked before any
+    image is generated, one sentence naming the style and the prompt, shown cut (a 10 MB prompt is not echoed)."""
+    if not any(name.startswith("toy_") for name in [*params.eval.metrics, *params.reward.weights]):
+        return groups
+    from ..world import parse_prompt
+
+    for style, prompts in groups.items():
+        for n, prompt in enumerate(prompts):
+            try:
+                parse_prompt(prompt)
+            except ValueError:
+                shown = repr(prompt[:60]) + (f"… ({len(prompt):,} characters)" if len(prompt) > 60 else "")
+                raise EvalError(f"{source}/benchmark/{style}.json: prompt {n} {shown} is not a prompt of the toy "
+                                f"world's grammar; regenerate the test set with `jagg prepare`.") from None
+    return groups
 
 
 def _digest(tensors: Mapping[str, torch.Tensor] | None) -> str:

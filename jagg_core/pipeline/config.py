@@ -29,7 +29,8 @@ __all__ = [
 KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
                  "toy_objects", "toy_precision", "toy_preference")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
+MAX_NAME = 64  # a name (profile, outputs, method) becomes folder names and MLflow run names: keep it short
 
 
 class ParamsError(UserError, ValueError):
@@ -73,6 +74,99 @@ class _Section(BaseModel):
         return data
 
 
+def _is_name(v: Any) -> bool:
+    return isinstance(v, str) and _NAME.fullmatch(v) is not None and len(v) <= MAX_NAME
+
+
+def _options_model(name: str, fields: Mapping[str, tuple[Any, Any]]) -> type[BaseModel]:
+    """A typed reading of one free-form option dict: the options it takes, each with its type (a float takes a number
+    or a numeric string, never true/false or "1e400"; an int a whole number; a str a string)."""
+    from pydantic import create_model
+
+    return create_model(name, __base__=_Options, **{k: (t, d) for k, (t, d) in fields.items()})
+
+
+class _Options(_Section):
+    model_config = ConfigDict(extra="forbid", validate_default=False, allow_inf_nan=False)
+
+
+_Size = Annotated[int, Field(ge=1, le=16384)]
+_Tokens = Annotated[int, Field(ge=1, le=8192)]
+_Scale = Annotated[float, Field(ge=0, le=1000)]
+_Shift = Annotated[float, Field(gt=0, le=1000)]
+class _LoraOptions(BaseModel):
+    """``model.options.lora`` (the policies' LoRA keys; ``model.lora`` is the usual place)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
+    rank: Annotated[int, Field(ge=0, le=4096)] = 0
+    alpha: Union[Annotated[float, Field(gt=0, le=1e6)], None] = None
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    target_modules: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=1000)
+
+
+def _lora_dict(v: Any) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, Mapping):
+        raise ValueError("lora must be a mapping of rank, alpha, dropout, target_modules")
+    typed = _LoraOptions.model_validate(dict(v))
+    return {k: getattr(typed, k) for k in v}
+
+
+_LORA = (Annotated[Union[dict[str, Any], None], BeforeValidator(_lora_dict)], None)
+# What each backbone's model.options take (the policies' DEFAULTS; tests/test_reliability_r4.py checks they agree).
+_DIFFUSERS_COMMON = {"height": (_Size, None), "width": (_Size, None), "guidance_scale": (_Scale, None),
+                     "max_sequence_length": (_Tokens, None), "lora": _LORA, "gradient_checkpointing": (bool, None)}
+MODEL_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "toy-flux": {"guidance_scale": (_Scale, None), "lora": _LORA},
+    "flux": {**_DIFFUSERS_COMMON, "shift": (Union[_Shift, None], None)},
+    "sd3": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None)},
+    "qwenimage": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None)},
+    "wan": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None), "num_frames": (Annotated[int, Field(ge=1, le=4096)],
+            None), "shift": (_Shift, None), "vae_tiling": (bool, None)},
+}
+_RGB = Annotated[float, Field(ge=0, le=255)]
+_SHARE = Annotated[float, Field(ge=0, le=1)]
+_TAU = {"tau": (_RGB, None), "tau_full": (_RGB, None)}
+_HF = {"device": (str, None), "dtype": (str, None), "batch_size": (Annotated[int, Field(ge=1, le=65536)], None)}
+# What each reward's factory takes (reward.options.<name>; the factories' signatures, checked by the same test).
+REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
+    "clipscore": {"model": (str, None), "processor": (Union[str, None], None), "prefix": (str, None), **_HF},
+    "hpsv2.1": {"checkpoint": (str, None), "model_name": (str, None), **_HF},
+    "jpeg_compressibility": {"quality": (Annotated[int, Field(ge=1, le=100)], None)},
+    "pickscore": {"model": (str, None), "processor": (str, None), **_HF},
+    "toy_background": _TAU, "toy_objects": _TAU, "toy_precision": _TAU,
+    "toy_fidelity": {**_TAU, "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
+    "toy_preference": {"sigma": (Annotated[float, Field(gt=0, le=1000)], None),
+                       "clean_sigma": (Annotated[float, Field(gt=0, le=1000)], None),
+                       "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
+}
+_MODEL_OPTION_MODELS = {k: _options_model(f"model.options ({k})", v) for k, v in MODEL_OPTIONS.items()}
+_REWARD_OPTION_MODELS = {k: _options_model(f"reward.options.{k}", v) for k, v in REWARD_OPTIONS.items()}
+
+
+def _typed_options(model: type[BaseModel], options: Mapping[str, Any], where: str, what: str) -> dict[str, Any]:
+    """``options`` read through ``model``: the values as typed (numeric strings become numbers), or one sentence
+    naming the dotted option, the value and what it takes."""
+    from pydantic import ValidationError
+
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{where} must be a mapping of option -> value")
+    try:
+        typed = model.model_validate(dict(options))
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise ValueError(f"{where}: {what} has no option {key!r}; its options: "
+                             f"{', '.join(model.model_fields)}") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if not key:  # a whole-dict check (true/false where a number goes) names the option itself
+            raise ValueError(f"{where}.{msg}") from None
+        raise ValueError(f"{where}.{key} = {err.get('input')!r} is invalid: {msg}") from None
+    return {k: getattr(typed, k) for k in options}
+
+
 class LoraConfig(_Section):
     rank: int = Field(0, ge=0, description="LoRA rank; 0 trains the full transformer")
     alpha: float | None = Field(None, gt=0, description="LoRA alpha (default: the rank)")
@@ -97,14 +191,20 @@ class ModelConfig(_Section):
             raise ValueError(f"unknown backbone; use one of {', '.join(KNOWN_BACKBONES)}")
         return v
 
+    @model_validator(mode="after")
+    def _typed(self) -> "ModelConfig":
+        self.options = _typed_options(_MODEL_OPTION_MODELS[self.backbone], self.options, "model.options",
+                                      repr(self.backbone))
+        return self
+
 
 class WorldConfig(_Section):
     """The embedded default's procedural world (toy-flux only)."""
 
     image_size: int = Field(24, ge=16, le=128, description="image side in pixels (a multiple of the patch size)")
-    n_train: int = Field(32, ge=1, description="training prompts")
-    n_test_per_style: int = Field(32, ge=1, description="test prompts per style (4 styles)")
-    seed: int = Field(0, description="seed of the prompt splits")
+    n_train: int = Field(32, ge=1, le=1_000_000, description="training prompts")
+    n_test_per_style: int = Field(32, ge=1, le=100_000, description="test prompts per style (4 styles)")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the prompt splits")
 
 
 class DataConfig(_Section):
@@ -117,11 +217,11 @@ class PretrainConfig(_Section):
     """Flow-matching pretraining of the toy-flux base model."""
 
     steps: int = Field(4000, ge=1, description="optimizer steps")
-    batch_size: int = Field(64, ge=1, description="images per step")
+    batch_size: int = Field(64, ge=1, le=65536, description="images per step")
     lr: float = Field(2e-3, gt=0, description="peak AdamW learning rate (cosine decay, linear warmup)")
     warmup: int = Field(100, ge=0, description="warmup steps")
     caption_noise: float = Field(0.15, ge=0, le=1, description="probability that a caption is imperfect")
-    seed: int = Field(0, description="seed")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed")
     logit_mean: float = Field(0.0, description="sigma ~ sigmoid(N(logit_mean, logit_std)); > 0 favours high noise")
     logit_std: float = Field(1.0, gt=0, description="spread of the logit-normal sigma sampling")
     patch_size: int = Field(8, ge=1, description="pixels per token side (packed-pixel tokens)")
@@ -138,7 +238,7 @@ class PretrainConfig(_Section):
 
 
 class SampleConfig(_Section):
-    num_steps: int = Field(12, ge=2, description="denoising steps T of a rollout")
+    num_steps: int = Field(12, ge=2, le=1000, description="denoising steps T of a rollout")
     noise_level: float = Field(0.7, ge=0, description="SDE noise: Flow-GRPO's a or DanceGRPO's eta")
     sde_kind: Literal["flow_grpo", "dance_grpo", "cps"] = Field("flow_grpo", description="SDE form (cps: "
                                                                 "coefficients-preserving sampling, noise_level <= 1)")
@@ -148,16 +248,16 @@ class SampleConfig(_Section):
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
     sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
-    sde_window_range: tuple[int, int] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+    sde_window_range: tuple[Annotated[int, Field(ge=0, le=1000)], Annotated[int, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")
     window_stride: int = Field(1, ge=1, description="mix_grpo: steps the window moves each time; past the range's "
                                "end it rolls back to its start")
-    group_size: int = Field(32, ge=2, description="G: images per prompt")
-    prompts_per_iteration: int = Field(4, ge=1, description="prompts per iteration, over all processes")
+    group_size: int = Field(32, ge=2, le=1024, description="G: images per prompt")
+    prompts_per_iteration: int = Field(4, ge=1, le=65536, description="prompts per iteration, over all processes")
     shared_noise: bool = Field(True, description="the G images of a prompt start from the same noise")
-    batch_size: int = Field(64, ge=1, description="rollout micro-batch per process")
+    batch_size: int = Field(64, ge=1, le=65536, description="rollout micro-batch per process")
 
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
@@ -191,7 +291,7 @@ class TrainConfig(_Section):
                               "first); at beta > 0 the loss's KL is logged every iteration")
     inner_epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     optimizer_steps_per_epoch: int = Field(1, ge=1, description="optimizer steps per pass (batch split evenly)")
-    micro_batch: int = Field(64, ge=1, description="images per forward in the update, per process")
+    micro_batch: int = Field(64, ge=1, le=65536, description="images per forward in the update, per process")
     ema_decay: float = Field(0.0, ge=0, lt=1, description="EMA of the trained weights; 0 disables")
     checkpoint_every: int = Field(8, ge=1, description="iterations between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(4, ge=1, description="checkpoints kept")
@@ -245,7 +345,8 @@ class MethodConfig(_Section):
 
 class RunConfig(_Section):
     methods: list[str] = Field(default_factory=lambda: ["baseline", "jagg", "ablate"], description="methods run")
-    seeds: list[int] = Field(default_factory=lambda: [0], description="training seeds")
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
+                                                                   description="training seeds (0 or more)")
 
     @field_validator("methods", "seeds")
     @classmethod
@@ -282,6 +383,12 @@ class RewardConfig(_Section):
             raise ValueError(f"unknown reward {unknown[0]!r}; use one of {', '.join(KNOWN_REWARDS)}")
         return v
 
+    @field_validator("options")
+    @classmethod
+    def _typed(cls, v: dict) -> dict:
+        return {name: _typed_options(_REWARD_OPTION_MODELS[name], opts, f"reward.options.{name}", repr(name))
+                for name, opts in v.items()}
+
     @field_validator("weights")
     @classmethod
     def _some_weight(cls, v: dict[str, float]) -> dict[str, float]:
@@ -302,9 +409,9 @@ class EvalConfig(_Section):
     metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"],
                                description="metrics scored")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
-    num_steps: int = Field(12, ge=1, description="ODE sampling steps")
-    seed: int = Field(0, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
-    batch_size: int = Field(64, ge=1, description="images per sampling batch")
+    num_steps: int = Field(12, ge=1, le=1000, description="ODE sampling steps")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
+    batch_size: int = Field(64, ge=1, le=65536, description="images per sampling batch")
     block_size: int = Field(16, ge=1, description="HPSv2 protocol block size")
     num_images_logged: int = Field(8, ge=0, description="test images logged to MLflow per checkpoint")
 
@@ -327,10 +434,16 @@ class TrackingConfig(_Section):
     @field_validator("experiment")
     @classmethod
     def _placeholders(cls, v: str) -> str:
+        import string
+
         try:
-            v.format(profile="p")
-        except (KeyError, IndexError, ValueError):
-            raise ValueError(f"{v!r} may hold only the placeholder {{profile}}") from None
+            fields = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(v) if f is not None]
+        except ValueError:
+            fields = [("?", "", None)]
+        if any(f != "profile" or spec or conv for f, spec, conv in fields):  # `{profile:>99999999999}`: 100 GB
+            raise ValueError(f"{v[:80]!r} may hold only the placeholder {{profile}}, without a format spec")
+        if not v.strip() or len(v) > 200 or any(not c.isprintable() for c in v):
+            raise ValueError("the experiment name must be 1 to 200 printable characters (MLflow's names)")
         return v
 
 
@@ -365,9 +478,9 @@ class Params(_Section):
     """The whole resolved configuration of one profile."""
 
     # The pattern is on the field, not only on --profile: `--set profile=../../x` names folders too.
-    profile: str = Field("toy", pattern=_NAME.pattern, description="profile name (it names folders)")
+    profile: str = Field("toy", pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=MAX_NAME, description="profile name (it names folders)")
     outputs: str | None = Field(
-        None, pattern=r"^[a-z0-9][a-z0-9_-]*$",
+        None, pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=MAX_NAME,
         description="folder name of the runs, checkpoints, evaluations and report (default: the profile's name; a "
                     "flow run with parameter overrides gets its own)",
     )
@@ -404,8 +517,9 @@ class Params(_Section):
     @model_validator(mode="after")
     def _consistent(self) -> "Params":
         for name in self.methods:
-            if not _NAME.match(name):
-                raise ValueError(f"method name {name!r} must match [a-z0-9][a-z0-9_-]*")
+            if not _is_name(name):
+                raise ValueError(f"method name {name[:80]!r} must match [a-z0-9][a-z0-9_-]* in at most {MAX_NAME} "
+                                 f"characters (it names folders and MLflow runs)")
         for name in self.run.methods:
             if name not in self.methods:
                 raise ValueError(f"run.methods names {name!r}, which is not defined under methods")

@@ -9,6 +9,8 @@ an existing ``out`` is never overwritten.
 from __future__ import annotations
 
 import json
+import re
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,6 +36,22 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
     return module.module if isinstance(module, torch.nn.parallel.DistributedDataParallel) else module
 
 
+def _remove_stale_temporaries(folder: Path) -> None:
+    """The ``.tmp-<name>-<pid>-*`` folders of exports whose process no longer runs (SIGKILLed mid-export)."""
+    if not folder.is_dir():
+        return
+    for p in folder.glob(".tmp-*"):
+        m = re.fullmatch(r"\.tmp-.+-(\d+)-[^-]+", p.name)
+        if not m or not p.is_dir():
+            continue
+        try:
+            os.kill(int(m.group(1)), 0)
+        except ProcessLookupError:
+            shutil.rmtree(p, ignore_errors=True)
+        except (PermissionError, OverflowError, ValueError):
+            pass
+
+
 def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbone: str,
                        card: Mapping[str, Any]) -> Path:
     """Write ``transformer`` (a diffusers transformer, or a peft LoRA wrapper of one) to ``out``; returns ``out``.
@@ -47,7 +65,8 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
         raise ExportError(f"{out} already exists and is not empty; choose another --out or move it away first.")
     module = _unwrap(transformer)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-"))
+    _remove_stale_temporaries(out.parent)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-{os.getpid()}-"))
     try:
         from peft import PeftModel
 
@@ -72,9 +91,10 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)
-    except OSError as e:
+    except Exception as e:  # noqa: BLE001  (OSError; safetensors' SafetensorError on a full disk, not an OSError)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ExportError(f"could not write the export to {out} ({e.strerror or e}); nothing was written.") from e
+        why = getattr(e, "strerror", None) or " ".join(str(e).split())[:160] or type(e).__name__
+        raise ExportError(f"could not write the export to {out} ({why}); nothing was written.") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -2,7 +2,7 @@
 
 ``JAGG_FAULT="<point>@<iteration>:<action>"`` (several separated by ``,``): at ``point`` (``rollout``, ``reward``,
 ``update``, ``checkpoint``) of iteration ``iteration`` (1-based), do ``action``: ``kill`` (SIGKILL this process),
-``oserror`` (raise ENOSPC, as a full disk), ``nan`` (the caller poisons its value with NaN).
+``oserror`` (raise ENOSPC, as a full disk), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ def fault(point: str, iteration: int) -> str | None:
             continue
         if action == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if action == "term":  # a real SIGTERM to this process (a launcher's handler turns it into Interrupted)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return action
         if action == "oserror":
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return action

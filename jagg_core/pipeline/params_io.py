@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -64,9 +65,12 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
         return f"{source}: unknown key '{loc}'{valid}{more}."
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error" and isinstance(err.get("input"), Mapping):  # a whole-section check
-        return f"{source}: {loc + ': ' if loc else ''}{msg}{more}."
+        named = loc and not msg.startswith(loc)  # a typed option's sentence names its dotted path itself
+        return f"{source}: {loc + ': ' if named else ''}{msg}{more}."
     if "input" in err and err["type"] != "missing":
-        return f"{source}: {loc or 'params'} = {err['input']!r} is invalid: {msg}{more}."
+        shown = repr(err["input"])
+        shown = shown if len(shown) <= 100 else f"{shown[:80]}… ({len(shown):,} characters)"
+        return f"{source}: {loc or 'params'} = {shown} is invalid: {msg}{more}."
     return f"{source}: {loc} is invalid: {msg}{more}."
 
 
@@ -89,16 +93,36 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 
 # A params tree is small; YAML aliases can make a tiny file expand to billions of nodes ("billion laughs") or loop.
 _MAX_FILE_BYTES = 16 << 20
-_MAX_NODES = 1_000_000
+_MAX_NODES = 1_000_000  # values, a string counting as its length in characters (an alias of it as many again)
+_MAX_SET_CHARS = 64 << 10  # one --set value
+_PLAIN = (str, int, float, bool, type(None))  # what a value may be: YAML's !!binary, !!set, timestamps are not params
 
 
 def _read_params_file(path: Path) -> str:
     """The text of a params file, or one sentence saying why it cannot be read (a folder, a symlink loop, not UTF-8,
     unreadable, absurdly large)."""
     try:
-        if path.stat().st_size > _MAX_FILE_BYTES:
+        info = path.stat()
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            # /dev/zero, /dev/urandom (endless), a FIFO (blocks until someone writes): not a params file
+            raise ParamsError(f"{path} is not a regular file (a device, a FIFO or a socket); pass a params file.")
+        if info.st_size > _MAX_FILE_BYTES:
             raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
-        return path.read_bytes().decode("utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never blocks, even if swapped for a FIFO
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ParamsError(f"{path} is not a regular file (a device, a FIFO or a socket); pass a params file.")
+            with os.fdopen(fd, "rb") as f:
+                fd = -1
+                data = f.read(_MAX_FILE_BYTES + 1)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        if len(data) > _MAX_FILE_BYTES:
+            raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
+        return data.decode("utf-8")
     except FileNotFoundError:
         raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
     except IsADirectoryError:
@@ -119,6 +143,10 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ParamsError(f"{source} is not valid YAML ({first}); fix the syntax or quote the value.") from None
     except RecursionError:
         raise ParamsError(f"{source} nests too deeply to be params; flatten it.") from None
+    except (ValueError, UnicodeDecodeError, OverflowError) as e:  # an int of 5000 digits, !!binary of non-UTF-8
+        first = " ".join(str(e).split())[:120]
+        raise ParamsError(f"{source} holds a value YAML cannot read as params ({type(e).__name__}: {first}); "
+                          f"write it as a plain number or string.") from None
     _bounded(value, source)
     return value
 
@@ -131,13 +159,26 @@ def _bounded(tree: Any, source: str) -> None:
 
     def size(node: Any, depth: int) -> int:
         if not isinstance(node, (dict, list, tuple)):
+            if not isinstance(node, _PLAIN):
+                raise ParamsError(f"{source} holds a {type(node).__name__} value (a YAML tag such as !!binary, !!set "
+                                  f"or a timestamp); params are strings, numbers, true/false, lists and mappings.")
+            if isinstance(node, str):  # an aliased string counts each time it is used: it is copied that often
+                if len(node) > _MAX_NODES:
+                    raise ParamsError(f"{source} holds a string of {len(node):,} characters; a value of params is "
+                                      f"short.")
+                return 1 + len(node)
             return 1
         if id(node) in open_ or depth > 100:
             raise ParamsError(f"{source} refers to itself or nests too deeply (a YAML alias loop?); write it out.")
         if id(node) not in sizes:
             open_.add(id(node))
-            children = node.values() if isinstance(node, dict) else node
-            sizes[id(node)] = 1 + sum(size(c, depth + 1) for c in children)
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            total = 1
+            for c in children:
+                total += size(c, depth + 1)
+                if total > _MAX_NODES:
+                    break
+            sizes[id(node)] = total
             open_.discard(id(node))
         if sizes[id(node)] > _MAX_NODES:
             raise ParamsError(f"{source} expands to more than {_MAX_NODES:,} values (YAML aliases?); write it out.")
@@ -157,17 +198,31 @@ def load_params(
     """
     path = Path(path)
     source = path.name
-    raw = parse_yaml(_read_params_file(path), source) or {}
+    raw = parse_yaml(_read_params_file(path), source)
+    if raw is None:  # an empty file would silently run on the code's defaults
+        raise ParamsError(f"{path} is empty; a params file holds the sections (model, sample, train, ...) and "
+                          f"profiles, as the repository's params.yaml does.")
     if not isinstance(raw, dict):
         raise ParamsError(f"{source} must be a mapping of sections, got {type(raw).__name__}.")
     profiles = raw.pop("profiles", {}) or {}
     if not isinstance(profiles, dict):
         raise ParamsError(f"{source}: profiles must be a mapping of profile name -> overlay.")
-    name = profile or os.environ.get("JAGG_PROFILE") or raw.get("profile") or "toy"
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ParamsError(f"profile name {name!r} must match [a-z0-9][a-z0-9_-]* (it names folders).")
+    env = os.environ.get("JAGG_PROFILE")
+    for given, where in ((profile, "--profile"), (env, "JAGG_PROFILE")):
+        if given is not None and not given.strip():
+            raise ParamsError(f"{where} is empty; name a profile of {source} ({', '.join(profiles) or 'none'}) or "
+                              f"leave it out.")
+    name = profile or env or raw.get("profile") or "toy"
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or len(name) > 64:
+        raise ParamsError(f"profile name {name!r} must match [a-z0-9][a-z0-9_-]* in at most 64 characters (it names "
+                          f"folders).")
     if name not in profiles and name != raw.get("profile", "toy"):
         raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
+    if name not in profiles and not (set(raw) - {"profile"}):
+        # `profile: ci` alone: every value would be the code's default (and prepare would overwrite ci's prompts)
+        raise ParamsError(f"{source} defines profile {name!r} nowhere and holds no sections: every value would be "
+                          f"the code's default; add `profiles: {{{name}: ...}}` or the sections, or pass the "
+                          f"repository's params.yaml.")
     overlay = profiles.get(name) or {}
     if not isinstance(overlay, dict):
         raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")

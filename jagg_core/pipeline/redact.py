@@ -17,7 +17,21 @@ REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
                  "credential", "credentials", "cookie", "signature"}
 _SECRET_PHRASES = ("api_key", "access_key", "private_key", "secret_key", "session_key")
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@/\s]+)@", re.I)
+# A URL's userinfo runs to the authority's last '@' (a password may hold '@' itself); "user:password" keeps the user,
+# a token alone (http://ghp_TOKEN@host) is all secret.
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/\s?#]*)@", re.I)
+
+
+def _url_secret(m: re.Match) -> str:
+    user, sep, pw = m.group("userinfo").partition(":")
+    return pw if sep else user
+
+
+def _url_redacted(m: re.Match) -> str:
+    user, sep, pw = m.group("userinfo").partition(":")
+    if not (pw if sep else user):
+        return m.group(0)
+    return f"{m.group('scheme')}{user}:{REDACTED}@" if sep else f"{m.group('scheme')}{REDACTED}@"
 
 
 def _is_secret_key(key: str) -> bool:
@@ -36,7 +50,7 @@ def _secret_values(tree: Any, out: set[str]) -> set[str]:
         for v in tree:
             _secret_values(v, out)
     elif isinstance(tree, str):
-        out.update(m.group("pw") for m in _URL_CREDENTIALS.finditer(tree))
+        out.update(_url_secret(m) for m in _URL_CREDENTIALS.finditer(tree) if _url_secret(m))
     return out
 
 
@@ -47,7 +61,7 @@ def _redact(tree: Any, secrets: list[str]) -> Any:
     if isinstance(tree, (list, tuple)):
         return [_redact(v, secrets) for v in tree]
     if isinstance(tree, str):
-        s = _URL_CREDENTIALS.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{REDACTED}@", tree)
+        s = _URL_CREDENTIALS.sub(_url_redacted, tree)
         for secret in secrets:
             s = s.replace(secret, REDACTED)
         return s

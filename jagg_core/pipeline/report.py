@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..errors import UserError
 from .config import Params, TrainConfig
 from ..cost import ideal_speedup
 from .paths import Layout, run_name
@@ -26,15 +27,50 @@ from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
 from .storage import atomic_write_text
 
-__all__ = ["build_report", "breakdown_rows", "cost_model_speedup", "fidelity_by_position", "iteration_breakdown",
-           "kl_ref_phase", "read_curve", "speed_table", "PHASES"]
+__all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
+           "iteration_breakdown", "kl_ref_phase", "read_curve", "speed_table", "PHASES"]
+
+
+class ReportError(UserError, ValueError):
+    """What the report reads is damaged or missing; the message is one sentence for the user."""
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
+    """A run's ``curve.tsv``; a damaged one (not UTF-8, a row that is not numbers) is one :class:`ReportError`."""
     if not path.exists():
         return []
-    rows = csv.DictReader(io.StringIO(path.read_text()), delimiter="\t")
-    return [{k: float(v) for k, v in r.items() if v not in ("", None)} for r in rows]
+    try:
+        rows = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8")), delimiter="\t")
+        out = []
+        for line, r in enumerate(rows, start=2):
+            try:
+                out.append({str(k): float(v) for k, v in r.items() if v not in ("", None)})
+            except (TypeError, ValueError):
+                raise ReportError(f"{path} line {line} is not a row of numbers; the curve is damaged: train the run "
+                                  f"again (or fix that line) before the report.") from None
+        return out
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ReportError(f"{path} cannot be read as a curve ({type(e).__name__}); train the run again (or put the "
+                          f"file back) before the report.") from None
+
+
+def read_eval(path: Path) -> dict[str, Any] | None:
+    """An evaluation's ``metrics.json`` (None where there is none); a damaged one is one :class:`ReportError`."""
+    if not path.exists():
+        return None
+    again = f"run `jagg evaluate --run {path.parent.name}` again to rewrite it"
+    try:
+        card = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{path} cannot be read as JSON ({type(e).__name__}); {again}.") from None
+    metrics = card.get("metrics") if isinstance(card, dict) else None
+    good = isinstance(metrics, dict) and all(
+        isinstance(v, dict) and isinstance(v.get("benchmark"), (int, float)) and not isinstance(v["benchmark"], bool)
+        and math.isfinite(v["benchmark"]) for v in metrics.values())
+    if not good:
+        raise ReportError(f"{path} does not hold an evaluation's metrics (a mapping of metric -> its finite "
+                          f"benchmark score); {again}.")
+    return card
 
 
 def cost_model_speedup(*, grad_forwards: float, nograd_forwards: float, reused: float = 0.0) -> float:
@@ -58,8 +94,7 @@ def _load_runs(params: Params, lay: Layout) -> list[_Run]:
         for seed in params.run.seeds:
             name = run_name(method, seed)
             mf = lay.eval_dir(name) / "metrics.json"
-            runs.append(_Run(method, seed, read_curve(lay.curve(name)),
-                             json.loads(mf.read_text()) if mf.exists() else None))
+            runs.append(_Run(method, seed, read_curve(lay.curve(name)), read_eval(mf)))
     return runs
 
 
@@ -197,9 +232,12 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     runs = _load_runs(params, lay)
     base_mf = lay.eval_dir("base") / "metrics.json"
-    base = json.loads(base_mf.read_text()) if base_mf.exists() else None
+    base = read_eval(base_mf)
     truth_mf = lay.eval_dir("ground-truth") / "metrics.json"  # the toy's ceiling (evaluate_ground_truth)
-    truth = json.loads(truth_mf.read_text()) if truth_mf.exists() else None
+    truth = read_eval(truth_mf)
+    if base is None and not any(r.eval for r in runs):  # an empty report, exit 0, would look like a result
+        raise ReportError(f"nothing to report: no evaluation under {base_mf.parent.parent} (neither the base model "
+                          f"nor a run of run.methods); run `jagg evaluate` first.")
     metrics = list(params.eval.metrics)
 
     # Final evaluation per method: mean ± std over seeds of the benchmark score.

@@ -193,9 +193,39 @@ def read_prompt_list(path: str | os.PathLike) -> list[str]:
     return prompts
 
 
-# Weight files up to this size in all are hashed by content; a larger folder (a real model of tens of GB) by each
-# file's name, size and modification time, which a replaced or re-downloaded file changes as well.
+# Weight files up to this size in all are hashed as one stream; a larger folder (a real model of tens of GB) file by
+# file, each file's SHA-256 remembered by its size, mtime, ctime and inode (a `touch` re-hashes it and finds the
+# same content: the digest is of the content only, never of a time).
 CONTENT_DIGEST_LIMIT = 1 << 30
+
+
+def _digest_cache(path: Path) -> Path:
+    base = Path(os.environ.get("JAGG_DIGEST_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or
+                                                              Path.home() / ".cache") / "jagg" / "digests")
+    return base / (hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32] + ".json")
+
+
+def _file_content_sha256(path: Path) -> str:
+    """A file's SHA-256, remembered (best effort) by its size, mtime and inode so a large model is read once."""
+    st = path.stat()
+    key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # ctime: no one sets it back
+    cache = _digest_cache(path)
+    try:
+        known = json.loads(cache.read_text())
+        if known.get("key") == key and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cache, json.dumps({"key": key, "sha256": h.hexdigest()}))
+    except OSError:
+        pass
+    return h.hexdigest()
 
 
 def folder_digest(folder: str | os.PathLike, *, content_limit: int = CONTENT_DIGEST_LIMIT) -> str:
@@ -206,7 +236,7 @@ def folder_digest(folder: str | os.PathLike, *, content_limit: int = CONTENT_DIG
     files = sorted(p for p in folder.rglob("*")
                    if p.is_file() and p.suffix in (".safetensors", ".bin", ".json") and p.name != "card.json")
     by_content = sum(p.stat().st_size for p in files) <= content_limit
-    h = hashlib.sha256(b"content" if by_content else b"stat")
+    h = hashlib.sha256(b"content" if by_content else b"files")
     for p in files:
         st = p.stat()
         h.update(str(p.relative_to(folder)).encode() + b"\0")
@@ -215,7 +245,7 @@ def folder_digest(folder: str | os.PathLike, *, content_limit: int = CONTENT_DIG
                 for block in iter(lambda: f.read(1 << 20), b""):
                     h.update(block)
         else:
-            h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+            h.update(f"{st.st_size}:{_file_content_sha256(p)}".encode())
     return h.hexdigest()[:16]
 
 

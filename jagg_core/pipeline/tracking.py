@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +24,16 @@ from ..errors import UserError
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
 log = logging.getLogger(__name__)
+
+_SWEEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
+
+
+def check_sweep_name(sweep: str) -> str:
+    """A sweep name MLflow takes as a run name and a tag in a search query (no quote, no newline, at most 100)."""
+    if not isinstance(sweep, str) or not _SWEEP.fullmatch(sweep):
+        raise TrackingError(f"sweep name {str(sweep)[:80]!r} must be 1 to 100 letters, digits, '_', '.', ':' or '-' "
+                            f"(it names an MLflow run and is searched for); pass another --sweep.")
+    return sweep
 T = TypeVar("T")
 class TrackingError(UserError, RuntimeError):
     """The tracking store cannot be used; the message is for the user."""
@@ -167,6 +178,7 @@ class Tracker:
 
     def sweep_run(self, sweep: str) -> str:
         """The parent run of a sweep (created on first use)."""
+        check_sweep_name(sweep)
         tags = {"jagg.kind": "sweep", "jagg.sweep": sweep, "jagg.profile": self.params.profile}
         run_id = self._find(tags)
         if run_id is None:
@@ -174,6 +186,9 @@ class Tracker:
                 **tags, "mlflow.runName": f"{self.params.profile} sweep {sweep}",
                 **self._source_tags()}), "create the sweep run")
             run_id = run.info.run_id
+            # A sweep's run only groups its runs (they point to it): nothing runs in it, so it is never left RUNNING
+            # by whatever ends the command that made it (a killed `jagg run`).
+            self.finish(run_id)
         return run_id
 
     def child_run(self, sweep: str, run: str, *, method: str | None, seed: int | None, key: str,
@@ -193,7 +208,8 @@ class Tracker:
                 all_tags["seed"] = str(seed)
             run_id = self._call(lambda: self.client.create_run(self.experiment_id, tags=all_tags).info.run_id,
                                 "create a run")
-            self.log_params(run_id, self.params.model_dump(mode="json"))
+            with self.ending(run_id):  # a signal or an error before the caller holds the id: the run ends too
+                self.log_params(run_id, self.params.model_dump(mode="json"))
         elif extra_tags:
             self.set_tags(run_id, extra_tags)  # one call for them all
         return run_id
@@ -243,6 +259,22 @@ class Tracker:
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self._call(lambda: self.client.set_terminated(run_id, status), "finish a run")
+
+    @contextlib.contextmanager
+    def ending(self, run_id: str, *, only_running: bool = False) -> Iterator[None]:
+        """Whatever ends the block, the run ends too: KILLED on Ctrl-C or SIGTERM (a KeyboardInterrupt, as
+        ``tasks.launch.Interrupted``), FAILED on any error; never left RUNNING. With ``only_running``, a run that is
+        not RUNNING (a training run evaluated afterwards: FINISHED) keeps its status."""
+        try:
+            yield
+        except BaseException as e:
+            status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+            try:
+                if not only_running or self.client.get_run(run_id).info.status == "RUNNING":
+                    self.client.set_terminated(run_id, status)
+            except Exception as err:  # noqa: BLE001  (the store itself may be what failed: say so, raise the cause)
+                log.warning("MLflow run %s could not be marked %s (%s)", run_id, status, redact(str(err)))
+            raise
 
 
 class _SystemMetrics:

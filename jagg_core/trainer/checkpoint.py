@@ -22,6 +22,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,27 +180,86 @@ def save_checkpoint(
     return Checkpoint(final, iteration)
 
 
+_SHA = re.compile(r"[0-9a-f]{64}\Z")
+
+
+def _listed_files(path: Path) -> set[str]:
+    """Every entry of a checkpoint folder but its manifest, as manifest names (``dcp/…`` for a sharded one)."""
+    out = set()
+    for p in path.rglob("*"):
+        if p.is_dir() and not p.is_symlink():
+            continue
+        name = p.relative_to(path).as_posix()
+        if name != "manifest.json":
+            out.add(name)
+    return out
+
+
 def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
-    """None if the checkpoint folder is complete and matches its manifest, else what is wrong.
+    """None if the checkpoint folder is complete and its manifest proves it, else what is wrong.
+
+    The manifest must be a mapping that lists every file of the folder (no more, no fewer) with its size and SHA-256,
+    ``state.json`` and the weights (``trainable.safetensors``, or a sharded checkpoint's ``dcp/.metadata``) among
+    them; each listed entry must be a regular file (a symlink to /etc/passwd or /dev/zero is not), match its size
+    and digest, and weights must be a readable safetensors file of finite tensors.
 
     ``part`` = (rank, world): hash only file ``k % world == rank`` of the manifest (the ranks of a run verify a
     checkpoint together, see :func:`latest_checkpoint_together`)."""
     mf = path / "manifest.json"
     if not mf.exists():
         return "no manifest (interrupted while writing)"
+    if mf.is_symlink() or not mf.is_file():
+        return "manifest.json is not a regular file"
     try:
-        manifest = json.loads(mf.read_text())
-    except json.JSONDecodeError:
+        manifest = json.loads(mf.read_bytes()[: 16 << 20].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
         return "unreadable manifest"
+    if not isinstance(manifest, dict) or not manifest:
+        return f"the manifest is a {type(manifest).__name__ if manifest else 'empty mapping'}, not a list of its files"
+    for name, meta in manifest.items():
+        if (not isinstance(meta, dict) or type(meta.get("bytes")) is not int or meta["bytes"] < 0
+                or not isinstance(meta.get("sha256"), str) or not _SHA.fullmatch(meta["sha256"])):
+            return f"the manifest's entry {str(name)[:80]!r} has no size and SHA-256"
+        if name.startswith("/") or ".." in name.split("/"):
+            return f"the manifest names {name[:80]!r}, outside the checkpoint"
+    weights = f"{DCP_DIR}/.metadata" if (path / DCP_DIR).is_dir() else "trainable.safetensors"
+    for needed in ("state.json", weights):
+        if needed not in manifest:
+            return f"the manifest does not list {needed}"
+    unlisted = sorted(_listed_files(path) - set(manifest))
+    if unlisted:
+        return f"{unlisted[0]} is not in the manifest"
     rank, world = part
     for k, (name, meta) in enumerate(manifest.items()):
         if k % world != rank:
             continue
         f = path / name
-        if not f.exists():
+        if not f.exists() and not f.is_symlink():
             return f"{name} is missing"
-        if f.stat().st_size != meta["bytes"] or file_sha256(f) != meta["sha256"]:
+        info = f.lstat()
+        if not stat.S_ISREG(info.st_mode):
+            return f"{name} is not a regular file (a symlink, a device or a folder)"
+        if info.st_size != meta["bytes"] or file_sha256(f) != meta["sha256"]:
             return f"{name} does not match its recorded checksum"
+        if name.endswith(".safetensors"):
+            problem = _finite_safetensors(f)
+            if problem:
+                return f"{name} {problem}"
+    return None
+
+
+def _finite_safetensors(f: Path) -> str | None:
+    """None if ``f`` is a readable safetensors file of finite tensors, else what is wrong."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(f), framework="pt", device="cpu") as st:  # memory-mapped: one tensor at a time
+            for key in st.keys():
+                t = st.get_tensor(key)
+                if t.is_floating_point() and not torch.isfinite(t).all():
+                    return f"holds non-finite values in {key}"
+    except Exception as e:  # noqa: BLE001  (SafetensorError: a header of 2^62 bytes, garbage)
+        return f"is not a readable safetensors file ({type(e).__name__})"
     return None
 
 

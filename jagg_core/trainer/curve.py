@@ -34,6 +34,27 @@ class TsvCurve:
                 parsed = self._parse(row, line)
                 if parsed.get("iteration", math.inf) <= resume_from:
                     self.rows.append(parsed)
+        if resume_from:
+            self._check_complete(resume_from)
+
+    def _check_complete(self, resume_from: int) -> None:
+        """A resumed curve holds iterations 1..``resume_from``, each once; a truncated or deleted one would be
+        continued silently with holes (the report would read a curve of iterations 1 and 3), so it is refused."""
+        from .errors import TrainingError
+
+        have = [int(r["iteration"]) for r in self.rows if "iteration" in r]
+        if have == list(range(1, resume_from + 1)):
+            return
+        if not self.path.exists():
+            what = "does not exist"
+        else:
+            missing = sorted(set(range(1, resume_from + 1)) - set(have))
+            twice = sorted({i for i in have if have.count(i) > 1})
+            what = (f"lacks iteration(s) {_span(missing)}" if missing else f"holds iteration(s) {_span(twice)} twice"
+                    if twice else "is out of order")
+        raise TrainingError(f"{self.path} {what}, but the run resumes from its checkpoint of iteration "
+                            f"{resume_from}: put the curve back from a copy, or pass --restart to train the run "
+                            f"again from the start.")
 
     def _parse(self, row: Mapping[Any, Any], line: int) -> dict[str, float]:
         """One row of numbers; anything else is one sentence naming the file and the line (raised in the worker, it
@@ -65,6 +86,11 @@ class TsvCurve:
         for r in self.rows:
             w.writerow([_fmt(r[c]) if c in r else "" for c in cols])
         atomic_write_text(self.path, buf.getvalue())
+
+
+def _span(items: list[int]) -> str:
+    shown = ", ".join(map(str, items[:5]))
+    return shown + (f" … ({len(items)} in all)" if len(items) > 5 else "")
 
 
 def _fmt(x: float) -> str:
