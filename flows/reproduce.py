@@ -18,9 +18,9 @@ from prefect import flow
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import run_name
-from jagg_core.pipeline.redact import redact
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import run_name
+from jagg_core.setup.redact import redact
 from tasks.common import load
 from tasks.evaluate import evaluate_task
 from tasks.prepare import prepare_task

@@ -366,7 +366,7 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     existing page (its GPU figures) is kept."""
     import shutil
 
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text
 
     path = Path(path)
     figures = {}

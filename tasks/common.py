@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.setup.config import Params, ParamsError
 
-from jagg_core.pipeline.params_io import load_params, parse_yaml
+from jagg_core.setup.params_io import load_params, parse_yaml
 from jagg_core.errors import UserError
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.paths import Layout
 
 __all__ = [
     "ROOT",
@@ -124,7 +124,7 @@ class _Redacting(logging.Filter):
     that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from jagg_core.pipeline.redact import redact
+        from jagg_core.setup.redact import redact
 
         message = record.getMessage()
         shown = redact(message)
@@ -180,7 +180,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
-    sentence, see :func:`jagg_core.pipeline.params_io.parse_yaml`)."""
+    sentence, see :func:`jagg_core.setup.params_io.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")

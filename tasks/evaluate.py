@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import Layout, parse_run_name
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
@@ -107,7 +107,7 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
     """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
     from accelerate import PartialState
 
-    from jagg_core.pipeline.build import pick_device
+    from jagg_core.build import pick_device
     from jagg_core.evaluation.evaluate import Part, evaluate_run
 
     state = PartialState(cpu=pick_device(params).type == "cpu")

@@ -36,9 +36,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from jagg_core.pipeline.config import Params
+from jagg_core.setup.config import Params
 
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
 from .tiny_pipelines import FluxShape, build_flux
@@ -264,8 +264,8 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     Run it in a process of its own (`jagg smoke` is one): the trainer's ``Accelerator`` sets accelerate's
     process-wide state to bf16 mixed precision, and a later ``Accelerator`` with other settings in the same process
     would be refused."""
-    from jagg_core.pipeline.build import pick_device
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.build import pick_device
+    from jagg_core.setup.storage import atomic_write_text
     from jagg_core.trainer import train
     from jagg_core.bench.run import machine_info
 
@@ -422,7 +422,7 @@ def render_table(result: Mapping[str, Any]) -> str:
 
 def write_result(result: Mapping[str, Any], path: str | Path) -> Path:
     """The result as JSON, written atomically."""
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text
 
     def clean(x: Any) -> Any:  # NaN (no value) as null: strict JSON
         if isinstance(x, float) and math.isnan(x):

@@ -22,7 +22,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from jagg_core.pipeline.storage import atomic_write_text
+from jagg_core.setup.storage import atomic_write_text
 
 from .bench_docs import SMOKE_START, replace_smoke_block, smoke_section
 from .common import ROOT, add_common_args, cli, parse_overrides, stage_logger

@@ -16,8 +16,8 @@ import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
 from tasks.common import free_port
-from jagg_core.pipeline.params_io import load_params
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.paths import Layout
 from jagg_core.trainer import CheckpointError, TrainingError, latest_checkpoint, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors, save_checkpoint
 
@@ -315,7 +315,7 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
 
 def _log_many(args):
     uri, root, k = args
-    from jagg_core.pipeline.params_io import load_params as lp
+    from jagg_core.setup.params_io import load_params as lp
     from jagg_core.pipeline.tracking import Tracker
 
     params = lp(Path(root) / "params.yaml", "ci", {"tracking.mlflow_uri": uri, "tracking.retries": 10})
@@ -736,7 +736,7 @@ def test_user_errors_and_every_log_record_are_redacted(capsys):
     MLflow's, Prefect's console and API handlers get the same filter)."""
     import logging
 
-    from jagg_core.pipeline.config import ParamsError
+    from jagg_core.setup.config import ParamsError
     from tasks.common import cli, stage_logger
 
     err = ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")

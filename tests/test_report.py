@@ -41,8 +41,8 @@ def _write_eval(root: Path, run: str, value: float) -> None:
 
 
 def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
 
     params = load_params(REPO / "params.yaml", "toy", {
         "profile": "rep", "run.methods": ["baseline", "jagg", "ablate"], "run.seeds": [0, 1, 2],

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..pipeline.config import Params, ParamsError, ResolvedMethod, SampleConfig, TrainConfig
+from ..setup.config import Params, ParamsError, ResolvedMethod, SampleConfig, TrainConfig
 from ..jagg import Group, plan_groups
 from ..policies.base import Policy
 from ..trainer.distributed import GradSync, NoSync
@@ -108,9 +108,9 @@ def profile_spec(params: Params, *, device: str, params_path: str | Path, root: 
 def build_policy(spec: ModelSpec) -> Policy:
     """A fresh policy: random weights for the built-ins (speed does not depend on training), real ones for a profile."""
     if spec.kind == "profile":
-        from ..pipeline.build import policy_from_params
-        from ..pipeline.params_io import load_params
-        from ..pipeline.paths import Layout
+        from ..build import policy_from_params
+        from ..setup.params_io import load_params
+        from ..setup.paths import Layout
 
         params = load_params(spec.params_path, spec.profile)
         return policy_from_params(params, Layout.of(params, Path(spec.root).resolve()),

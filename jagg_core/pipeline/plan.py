@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Params, ResolvedMethod
+from ..setup.config import Params, ResolvedMethod
 from ..cost import group_forwards
 
 __all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_flops", "format_plan",
@@ -123,7 +123,7 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     """The whole estimate as a dict (see the module docstring)."""
     backbone = params.model.backbone
     if backbone not in ARCHITECTURES:
-        from .config import ParamsError
+        from ..setup.config import ParamsError
 
         raise ParamsError(f"jagg plan needs a real backbone ({', '.join(ARCHITECTURES)}); profile "
                           f"{params.profile!r} uses {backbone!r}, which runs on a laptop in minutes.")

@@ -21,8 +21,8 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from .config import Params
-from .storage import replace_dir
+from ..setup.config import Params
+from ..setup.storage import replace_dir
 from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux, save_toy_flux
 from ..world import sample_training_pair, vocabulary
 

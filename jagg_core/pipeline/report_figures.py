@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
-from .config import Params
-from .paths import Layout
-from .storage import atomic_write_bytes
+from ..setup.config import Params
+from ..setup.paths import Layout
+from ..setup.storage import atomic_write_bytes
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity",
            "plot_stacked_bars", "save_figure", "save_png"]

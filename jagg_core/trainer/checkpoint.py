@@ -32,8 +32,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import UserError
-from ..pipeline.faults import fault
-from ..pipeline.storage import atomic_write_text, replace_dir
+from ..setup.faults import fault
+from ..setup.storage import atomic_write_text, replace_dir
 from .distributed import gather_objects, process_group
 from .rotation import ROTATED, check_checkpoint, rotate, rotated_out
 

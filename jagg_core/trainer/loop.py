@@ -21,11 +21,11 @@ import torch
 from ..advantages import mixed_advantages
 from ..media import log_samples
 from ..modes import EXACT_MODES
-from ..pipeline.config import Params
-from ..pipeline.faults import fault
-from ..pipeline.metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..pipeline.redact import redact
-from ..pipeline.storage import FolderLock, atomic_write_text
+from ..setup.config import Params
+from ..setup.faults import fault
+from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..setup.redact import redact
+from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
 from .curve import TsvCurve
 from .errors import TrainingError

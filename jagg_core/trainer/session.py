@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from ..pipeline.build import pick_device, policy_from_params, reward_from_params
-from ..pipeline.config import Params, ResolvedMethod
-from ..pipeline.paths import Layout, run_name
-from ..pipeline.redact import flatten, redact
-from ..pipeline.storage import read_prompts
+from ..build import pick_device, policy_from_params, reward_from_params
+from ..setup.config import Params, ResolvedMethod
+from ..setup.paths import Layout, run_name
+from ..setup.redact import flatten, redact
+from ..setup.storage import read_prompts
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed
 from .checkpoint import CheckpointError, latest_checkpoint_together, list_checkpoints, recover_leftovers, save_checkpoint

@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..pipeline.faults import fault
-from ..pipeline.storage import atomic_write_text, replace_dir
+from ..setup.faults import fault
+from ..setup.storage import atomic_write_text, replace_dir
 from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, file_sha256
 from .distributed import gather_objects, process_group
 from .rotation import rotate

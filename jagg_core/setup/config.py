@@ -4,7 +4,7 @@
 reward, eval, tracking, resources), a ``profile`` key naming the active profile, and ``profiles``: named overlays
 deep-merged onto the sections. Everything is validated before any work starts; a bad value fails with one sentence
 naming the field, the value and the fix (:class:`ParamsError`). Reading a params file and ``--set`` values is
-:mod:`jagg_core.pipeline.params_io` (:func:`~jagg_core.pipeline.params_io.load_params`).
+:mod:`jagg_core.setup.params_io` (:func:`~jagg_core.setup.params_io.load_params`).
 """
 
 from __future__ import annotations
