@@ -103,8 +103,7 @@ def _update_units(params: Params, method: ResolvedMethod) -> dict[str, float]:
     """Per image and iteration, the expected with-grad and no-grad forwards of the update (in steps; a backward per
     with-grad forward), from the trainer's own routing; DanceGRPO's timestep_fraction keeps a random subset of whole
     groups."""
-    from ..jagg import plan_groups
-    from ..trainer.loop import AUTO_FALLBACK_JAGG_FRAC
+    from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 
     sample = params.sample
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size

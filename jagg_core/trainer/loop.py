@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import mixed_advantages
+from ..jagg import AUTO_FALLBACK_JAGG_FRAC
 from ..media import log_samples
 from ..modes import EXACT_MODES
 from ..setup.config import Params
@@ -33,7 +34,7 @@ from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
-__all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainResult", "train"]
+__all__ = ["TrainResult", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +55,6 @@ def _iteration_prompts(train_prompts: Sequence[str], n: int, seed: int, iteratio
 
 def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else float("nan")
-
-
-# jagg_frac 'auto' when the fidelity curve cannot be measured (under FSDP: the probe needs full gradients on one
-# rank): the paper's own setting (Flux and Qwen-Image, W = 4).
-AUTO_FALLBACK_JAGG_FRAC = 0.6
 
 
 def train(
