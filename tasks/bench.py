@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from jagg_core.bench import BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, run_bench, save_result
 from jagg_core.setup.config import Params
 
-from .bench_docs import read_main_job, write_markdown
+from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
 
 __all__ = ["bench", "main", "parse_list"]

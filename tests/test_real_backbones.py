@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from tasks import tiny_pipelines
+from jagg_core.smoke import tiny_pipelines
 from jagg_core import sde_step_with_logprob
 from jagg_core.policies import PolicyError, load_policy
 from jagg_core.policies.diffusers_common import check_tokenizer

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import json
-
+import math
 import statistics
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from jagg_core.pipeline.report_pages import markdown_table
 
-__all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
-           "write_markdown"]
+__all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "render_table", "replace_smoke_block",
+           "smoke_section", "write_markdown"]
 
 
 def _s(x: float | None) -> str:
@@ -274,7 +274,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
     else:
         names = tuple(r["model"]["name"] for r in results)
         cmd += ("\n# then render the JSON results into one page:\npython -c \"import glob, json; "
-                "from tasks.bench_docs import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
+                "from jagg_core.pipeline.bench_docs import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
                 f"f'bench/*-{{m}}.json'))[-1])) for m in {names!r}], 'docs/benchmarks.md')\"")
     lines += ["## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
@@ -309,12 +309,51 @@ def smoke_section(result: dict | None = None) -> list[str]:
     if result is None:
         lines += ["**Not yet run on a GPU** (no GPU was available when it was written): no figures yet."]
     else:
-        from .gpu_smoke import render_table
-
         lines += [f"Measured on {result['created'][:10]} by `scripts/gpu_smoke.sh` (torch "
                   f"{result['machine'].get('torch', '?')}, diffusers {result['machine'].get('diffusers', '?')}):", "",
                   render_table(result).rstrip()]
     return lines + [SMOKE_END, ""]
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
+
+
+def render_table(result: Mapping[str, Any]) -> str:
+    """The result as markdown: a settings line, the per-method table, and the verdict."""
+    c, m, rec = result["config"], result["model"], result["recipe"]
+    gpu = f" ({result['machine']['gpu']})" if "gpu" in result["machine"] else ""
+    trained = "—" if m["trainable_params"] is None else f"{m['trainable_params'] / 1e6:.2f} M"
+    head = (f"Smoke test of profile `{c['profile']}` on `{c['device']}`{gpu}: a random tiny "
+            f"{'Wan' if 'num_frames' in m.get('geometry', {}) else 'Flux'} ({trained} trained "
+            f"parameters, {m['resolution']} px = {m['image_tokens']} image tokens, {m['text_tokens']} text tokens), "
+            f"{m['dtype']} weights under {m['mixed_precision']} autocast; {rec['recipe']} with {rec['num_steps']} "
+            f"steps ({rec['trained_steps']} trained), W = {rec['window']}, jagg_frac {rec['jagg_frac']:g}, "
+            f"{rec['images_per_iteration']} images per iteration in micro-batches of {rec['micro_batch']}, "
+            f"gradient checkpointing {'on' if rec['gradient_checkpointing'] else 'off'}; {c['iterations']} "
+            f"iterations per method. Times are medians over iterations 2–{c['iterations']}.")
+    rows = [["method", "first-step approx_kl", "first-step clipfrac", "ratio = 1", "peak memory MiB",
+             "update s", "update speedup", "ideal speedup", "iteration s", "iteration speedup"]]
+    for r in result["methods"]:
+        fs = r["first_step"]
+        rows.append([
+            r["method"], _num(fs["approx_kl"], ".3g"), _num(fs["clipfrac"], ".3g"),
+            "PASS" if r["ratio_is_one"] else "FAIL",
+            "n/a (CPU)" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
+            _num(r["update_s"], ".3g"), _num(r["update_speedup"], ".2f") + ("×" if r["update_speedup"] else ""),
+            _num(r["ideal_update_speedup"], ".2f") + "×", _num(r["iteration_s"], ".3g"),
+            _num(r["iteration_speedup"], ".2f") + ("×" if r["iteration_speedup"] else ""),
+        ])
+    checks = result["checks"]
+    verdict = ("All checks passed: the PPO ratio is exactly 1 at the first optimizer step for every method."
+               if checks["passed"] else "FAILED: " + " ".join(checks["failures"]))
+    notes = ("Speedups are over the first method's medians; *ideal* is the cost model's (forward 1, backward 2) "
+             "from the forwards the trainer counted. Peak memory: `torch.cuda.max_memory_allocated` over the "
+             "method's run (weights, optimizer state, the update's graphs), reset before each method.")
+    if not c["device"].startswith("cuda"):
+        notes += (" On a CPU at the reduced size the times are mostly per-call overhead and the machine's other "
+                  "load, not the work JAGG saves: read the speedups of a GPU run.")
+    return "\n".join([head, "", markdown_table(rows), notes, "", verdict, ""])
 
 
 def replace_smoke_block(text: str, block: str) -> str | None:
