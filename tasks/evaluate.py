@@ -27,7 +27,7 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     from jagg_core.evaluation.evaluate import evaluate_run, test_prompts
     from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
-    from jagg_core.sampling import image_grid
+    from jagg_core.media import image_grid
     from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")

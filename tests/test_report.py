@@ -87,7 +87,7 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
 def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_ones():
     import numpy as np
 
-    from jagg_core.sampling import image_grid
+    from jagg_core.media import image_grid
 
     toy = image_grid(np.zeros((8, 24, 24, 3), np.uint8), ["a small red circle"] * 8, ncols=4)
     assert toy.size[0] == 4 * 96 + 5 * 6  # 24 px upscaled 4x (as before), 6 px padding

@@ -162,7 +162,7 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
     import torch
 
     from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
+    from ..media import image_grid
 
     columns: list[tuple[str, Path]] = []
     base = lay.eval_dir("base") / "metrics.json"
@@ -206,7 +206,7 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     import torch
 
     from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
+    from ..media import image_grid
 
     card = lay.eval_dir("base") / "metrics.json"
     if not card.exists():
