@@ -115,13 +115,13 @@ def build_policy(spec: ModelSpec) -> Policy:
         params = load_params(spec.params_path, spec.profile)
         return policy_from_params(params, Layout.of(params, Path(spec.root).resolve()),
                                   torch.device(spec.device))
-    from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux
+    from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux
     from ..world import vocabulary
 
     # Velocity prediction and no CFG: the x0 skip connection would divide random outputs by small sigmas, and CFG
     # would double every batch; neither changes what is compared.
     transformer, text_encoder, tokenizer, geometry = build_toy_flux(
-        vocabulary(), **spec.geometry, prediction="velocity", guidance_scale=1.0, seed=0
+        vocabulary(), ToyFluxShape(**spec.geometry, prediction="velocity", guidance_scale=1.0, seed=0)
     )
     return ToyFluxPolicy(transformer.eval(), text_encoder, tokenizer, geometry, device=spec.device,
                          dtype=torch.float32)
