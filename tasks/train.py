@@ -123,7 +123,6 @@ def _failure(run: str, rc: int, tail: deque) -> TrainingError:
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
     """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
     another machine compares the params only: its local copy of the base model may differ in file times)."""
-    from jagg_core.setup.redact import redact
     from jagg_core.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(lay.checkpoints(run))
@@ -132,8 +131,7 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
     state = last.state()
     if key is not None:
         return state.get("run_key") == key
-    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(redact(params.model_dump(mode="json")),
-                                                                         sort_keys=True)
+    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(params.redacted(), sort_keys=True)
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,

@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
+from .redact import redact
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -416,6 +417,11 @@ class Params(_Section):
             if anchors > window:
                 raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
         return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The params as JSON-ready dicts, every secret ``***``: what MLflow, ``params.json`` and every checkpoint's
+        ``state.json`` hold, and what a resumed run's params are compared with."""
+        return redact(self.model_dump(mode="json"))
 
     def method(self, name: str) -> "ResolvedMethod":
         """The jagg settings of one method: its overrides applied to the jagg section."""

@@ -25,7 +25,6 @@ from ..modes import EXACT_MODES
 from ..setup.config import Params
 from ..setup.faults import fault
 from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..setup.redact import redact
 from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
 from .curve import TsvCurve
@@ -91,7 +90,7 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
     sink = MultiLogger([curve, logger or NullLogger()]) if r.main else NullLogger()
     if r.main:
         atomic_write_text(r.layout.run_dir(r.name) / "params.json",  # the params with secrets redacted
-                          json.dumps(redact(params.model_dump(mode="json")), indent=2) + "\n")
+                          json.dumps(params.redacted(), indent=2) + "\n")
     tcfg = params.train
     meter = _Progress(r, start, progress)
     history: list[dict[str, float]] = []
