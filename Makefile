@@ -30,10 +30,13 @@ run: setup
 TEST_WORKERS ?= 2
 PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
+# lint-imports first: the import contracts of pyproject.toml (the floors of docs/architecture.md), in seconds.
 test: setup
+	$(BIN)/lint-imports
 	$(PYTEST)
 
 test-fast: setup
+	$(BIN)/lint-imports
 	$(PYTEST) -m "not slow"
 
 repro: setup

@@ -18,10 +18,10 @@ from prefect import flow
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import run_name
-from jagg_core.pipeline.redact import redact
-from tasks.common import load
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import run_name
+from jagg_core.setup.redact import redact
+from tasks.common import load, shown_redacted
 from tasks.evaluate import evaluate_task
 from tasks.prepare import prepare_task
 from tasks.pretrain import pretrain_task
@@ -62,6 +62,7 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
 
 
 @flow(name="jagg-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
+@shown_redacted
 def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str, Any] | None = None,
               params_file: str | None = None, sweep: str | None = None, restart: bool = False) -> dict:
     """Baseline vs JAGG vs ablate end to end on one profile.
@@ -97,6 +98,7 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
 
 
 @flow(name="jagg-evaluate", log_prints=True)
+@shown_redacted
 def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None, params_file: str | None = None,
                   sweep: str | None = None) -> dict:
     """Evaluate the base model and every run's checkpoints, then rebuild the report."""
@@ -110,6 +112,7 @@ def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None,
 
 
 @flow(name="jagg-report", log_prints=True)
+@shown_redacted
 def report_only(profile: str = "toy", overrides: dict[str, Any] | None = None, params_file: str | None = None,
                 sweep: str | None = None) -> dict:
     """Rebuild the report from what is on disk."""

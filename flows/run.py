@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Iterator
 
-from jagg_core.pipeline.config import ParamsError
+from jagg_core.setup.config import ParamsError
 from tasks.common import ROOT, ServiceError, add_common_args, cli, free_port, layout, parse_overrides
 from tasks.launch import die_with_parent, stop_on_signals
 

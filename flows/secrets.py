@@ -1,7 +1,7 @@
 """Secrets kept out of Prefect's records: a flow run's parameters are stored by the Prefect server as they are given.
 
 `jagg run` hands its flow the overrides redacted (``http://user:***@host/``, ``model.options.hf_token: ***``, by the
-one redaction of :mod:`jagg_core.pipeline.redact`) and keeps the real values out of band: in this process, and in
+one redaction of :mod:`jagg_core.setup.redact`) and keeps the real values out of band: in this process, and in
 ``JAGG_SECRET_OVERRIDES`` (a JSON mapping of dotted keys to real values) for a flow run in another process — a
 deployment run's worker gets it from its environment (``JAGG_SECRET_OVERRIDES`` set where `jagg services up` or
 `prefect worker start` runs), while the run's parameters carry only the redacted form. The flow puts a real value back
@@ -14,8 +14,8 @@ import json
 import os
 from typing import Any
 
-from jagg_core.pipeline.config import ParamsError
-from jagg_core.pipeline.redact import redact
+from jagg_core.setup.config import ParamsError
+from jagg_core.setup.redact import redact
 
 __all__ = ["ENV", "restore", "withhold"]
 

@@ -7,8 +7,10 @@ Two parts (docs/architecture.md is the map):
   ``fidelity``, ``cost`` and ``errors``. The names below are imported lazily: ``import jagg_core`` imports nothing,
   ``from jagg_core import group_backward`` imports ``jagg_core.jagg`` (and torch) only.
 - **the library and the application** in subpackages imported explicitly: ``policies``, ``rewards``, ``world``,
-  ``trainer``, ``evaluation`` and ``sampling`` (the sampler they share); ``pipeline`` (configuration, paths, storage,
-  tracking, reports, planning, pretraining, fault injection) and ``bench`` (the update-stage benchmark).
+  ``trainer``, ``evaluation``, ``sampling`` (the sampler they share), ``media``, ``build`` (policy and reward from
+  params) and ``bench`` (the update-stage benchmark), on ``setup`` (configuration, paths, storage, redaction, the
+  logging interface, fault injection); ``pipeline``, the application above them (tracking, reports, planning,
+  pretraining, export).
 """
 
 from __future__ import annotations

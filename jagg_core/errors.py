@@ -8,10 +8,7 @@ __all__ = ["UserError"]
 class UserError(Exception):
     """An error the user can fix; its message is one sentence naming what is wrong and the fix. No traceback.
 
-    Its text is redacted (credentials in URLs, see :mod:`jagg_core.pipeline.redact`) wherever it goes: printed, logged, or a
-    Prefect state message — a message may quote a value the user gave (``tracking.mlflow_uri``), secrets included."""
-
-    def __str__(self) -> str:
-        from .pipeline.redact import redact  # here, not at import: the algorithm imports nothing of the application
-
-        return redact(super().__str__())
+    A message may quote a value the user gave (``tracking.mlflow_uri``), secrets included: where it is shown it is
+    redacted (credentials in URLs, :mod:`jagg_core.setup.redact`) — printed by a stage entry (``tasks.common.cli``),
+    handed to Prefect by a stage's task or a flow (``tasks.common.shown_redacted``), logged (every handler's filter).
+    The algorithm imports nothing of the application, so this class does not redact its own text."""

@@ -31,6 +31,7 @@ import torch
 from .modes import EXACT_MODES, MODES, VARIANTS
 
 __all__ = [
+    "AUTO_FALLBACK_JAGG_FRAC",
     "EXACT_MODES",
     "MODES",
     "VARIANTS",
@@ -118,6 +119,11 @@ class Group:
     steps: tuple[int, ...]
     mode: str  # one of MODES (jagg_core.modes)
     position: int  # index of the group along the trajectory (0 = highest noise)
+
+
+# jagg_frac 'auto' when the fidelity curve cannot be measured (under FSDP: the probe needs full gradients on one
+# rank): the paper's own setting (Flux and Qwen-Image, W = 4).
+AUTO_FALLBACK_JAGG_FRAC = 0.6
 
 
 def plan_groups(

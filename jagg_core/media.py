@@ -1,9 +1,12 @@
-"""What a user sees of sampled clips: frame strips (one row of frames per clip) and a small animated GIF, both
-bounded in size like the image grids; and :func:`log_samples`, which logs images or clips to a metric sink.
+"""What a user sees of samples: image grids with captions, frame strips (one row of frames per clip) and a small
+animated GIF of clips, all bounded in size; and :func:`log_samples`, which logs images or clips to a metric sink.
+
+- :func:`image_grid`: images → a PIL grid with each caption wrapped underneath, its cells at most ``GRID_CELL_MAX``
+  and its long side at most ``GRID_MAX_SIDE`` pixels.
 
 - :func:`frame_strips`: clips ``(B, F, 3, H, W)`` → a PIL grid, one row per clip of at most ``STRIP_FRAMES`` evenly
   spaced frames, the prompt under the first, the frame indices as column titles; the grid's cells and long side are
-  bounded by :func:`jagg_core.sampling.image_grid` (``GRID_CELL_MAX``, ``GRID_MAX_SIDE``).
+  bounded by :func:`image_grid` (``GRID_CELL_MAX``, ``GRID_MAX_SIDE``).
 - :func:`clips_gif`: at most ``GIF_CLIPS`` clips side by side, at most ``GIF_FRAMES`` evenly spaced frames, each
   cell at most ``GIF_CELL`` pixels, as GIF bytes (about 1 MB for noise, far less for real clips).
 """
@@ -13,11 +16,69 @@ from __future__ import annotations
 import io
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from .sampling import image_grid, to_uint8
+from .sampling import to_uint8
 
-__all__ = ["GIF_CELL", "GIF_CLIPS", "GIF_FRAMES", "STRIP_FRAMES", "clips_gif", "frame_strips", "log_samples", "strip_frames"]
+__all__ = ["GIF_CELL", "GIF_CLIPS", "GIF_FRAMES", "GRID_CELL_MAX", "GRID_MAX_SIDE", "STRIP_FRAMES", "clips_gif",
+           "frame_strips", "image_grid", "log_samples", "strip_frames"]
+
+GRID_CELL_MAX = 256  # px: the largest cell of a logged image grid
+GRID_MAX_SIDE = 2048  # px: the longest side of a logged image grid, however many images it holds
+
+
+def image_grid(
+    images: torch.Tensor | np.ndarray,
+    captions: Sequence[str] | None = None,
+    *,
+    ncols: int = 4,
+    scale: int | None = None,
+    col_titles: Sequence[str] | None = None,
+    caption_width: int = 30,
+):
+    """A PIL grid of images with each caption wrapped underneath.
+
+    ``scale``: an integer upscales every image that many times (nearest neighbour); None (the default) sizes cells
+    for logging: small images (the toy's 24 px) are upscaled to about 96 px, large ones (Flux's 720 px) are
+    downscaled to 256 px, and a grid of many rows shrinks as a whole to a long side of ``GRID_MAX_SIDE``, so a grid
+    logged every few iterations stays a few hundred kB.
+    """
+    import textwrap
+
+    from PIL import Image, ImageDraw, ImageFont
+
+    arr = to_uint8(images) if isinstance(images, torch.Tensor) else np.asarray(images)
+    n, h, w = arr.shape[:3]
+    font = ImageFont.load_default()
+    if scale is None:
+        side = max(h, w)
+        target = side * max(1, 96 // side) if side < 96 else min(side, GRID_CELL_MAX)
+        cw, ch = max(1, round(w * target / side)), max(1, round(h * target / side))
+    else:
+        cw, ch = w * scale, h * scale
+    resample = Image.NEAREST if cw >= w else Image.LANCZOS
+    lines = [textwrap.wrap(c, caption_width) for c in captions] if captions else [[] for _ in range(n)]
+    text_h = 12 * max((len(x) for x in lines), default=0) + (4 if captions else 0)
+    title_h = 16 if col_titles else 0
+    ncols = min(ncols, n)
+    nrows = (n + ncols - 1) // ncols
+    pad = 6
+    grid = Image.new("RGB", (ncols * (cw + pad) + pad, title_h + nrows * (ch + text_h + pad) + pad), "white")
+    draw = ImageDraw.Draw(grid)
+    for c, title in enumerate(col_titles or []):
+        draw.text((pad + c * (cw + pad), 2), title, fill="black", font=font)
+    for i in range(n):
+        r, c = divmod(i, ncols)
+        x, y = pad + c * (cw + pad), title_h + pad + r * (ch + text_h + pad)
+        grid.paste(Image.fromarray(arr[i]).resize((cw, ch), resample), (x, y))
+        for k, line in enumerate(lines[i]):
+            draw.text((x, y + ch + 2 + 12 * k), line, fill="black", font=font)
+    if scale is None and max(grid.size) > GRID_MAX_SIDE:  # many rows: the whole grid shrinks to fit
+        f = GRID_MAX_SIDE / max(grid.size)
+        grid = grid.resize((max(1, int(grid.size[0] * f)), max(1, int(grid.size[1] * f))), Image.LANCZOS)
+    return grid
+
 
 STRIP_FRAMES = 8  # frames shown per clip in a strip
 GIF_CLIPS = 4  # clips in the animated GIF

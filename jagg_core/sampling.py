@@ -1,4 +1,4 @@
-"""Sampling a policy: the denoising loop shared by rollouts and evaluation, and image grids with captions."""
+"""Sampling a policy: the denoising loop shared by rollouts and evaluation (image grids: :mod:`jagg_core.media`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from .policies.base import Policy, PromptEmbeds
 from .sde import sde_step_with_logprob
 
-__all__ = ["Denoised", "denoise", "derive_seed", "sample_images", "image_grid", "to_uint8", "seeded_generators"]
+__all__ = ["Denoised", "denoise", "derive_seed", "sample_images", "to_uint8", "seeded_generators"]
 
 
 def derive_seed(*parts: int) -> int:
@@ -101,59 +101,3 @@ def sample_images(
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """(B, 3, H, W) in [0, 1] -> (B, H, W, 3) uint8."""
     return (images.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
-
-
-GRID_CELL_MAX = 256  # px: the largest cell of a logged image grid
-GRID_MAX_SIDE = 2048  # px: the longest side of a logged image grid, however many images it holds
-
-
-def image_grid(
-    images: torch.Tensor | np.ndarray,
-    captions: Sequence[str] | None = None,
-    *,
-    ncols: int = 4,
-    scale: int | None = None,
-    col_titles: Sequence[str] | None = None,
-    caption_width: int = 30,
-):
-    """A PIL grid of images with each caption wrapped underneath.
-
-    ``scale``: an integer upscales every image that many times (nearest neighbour); None (the default) sizes cells
-    for logging: small images (the toy's 24 px) are upscaled to about 96 px, large ones (Flux's 720 px) are
-    downscaled to 256 px, and a grid of many rows shrinks as a whole to a long side of ``GRID_MAX_SIDE``, so a grid
-    logged every few iterations stays a few hundred kB.
-    """
-    import textwrap
-
-    from PIL import Image, ImageDraw, ImageFont
-
-    arr = to_uint8(images) if isinstance(images, torch.Tensor) else np.asarray(images)
-    n, h, w = arr.shape[:3]
-    font = ImageFont.load_default()
-    if scale is None:
-        side = max(h, w)
-        target = side * max(1, 96 // side) if side < 96 else min(side, GRID_CELL_MAX)
-        cw, ch = max(1, round(w * target / side)), max(1, round(h * target / side))
-    else:
-        cw, ch = w * scale, h * scale
-    resample = Image.NEAREST if cw >= w else Image.LANCZOS
-    lines = [textwrap.wrap(c, caption_width) for c in captions] if captions else [[] for _ in range(n)]
-    text_h = 12 * max((len(x) for x in lines), default=0) + (4 if captions else 0)
-    title_h = 16 if col_titles else 0
-    ncols = min(ncols, n)
-    nrows = (n + ncols - 1) // ncols
-    pad = 6
-    grid = Image.new("RGB", (ncols * (cw + pad) + pad, title_h + nrows * (ch + text_h + pad) + pad), "white")
-    draw = ImageDraw.Draw(grid)
-    for c, title in enumerate(col_titles or []):
-        draw.text((pad + c * (cw + pad), 2), title, fill="black", font=font)
-    for i in range(n):
-        r, c = divmod(i, ncols)
-        x, y = pad + c * (cw + pad), title_h + pad + r * (ch + text_h + pad)
-        grid.paste(Image.fromarray(arr[i]).resize((cw, ch), resample), (x, y))
-        for k, line in enumerate(lines[i]):
-            draw.text((x, y + ch + 2 + 12 * k), line, fill="black", font=font)
-    if scale is None and max(grid.size) > GRID_MAX_SIDE:  # many rows: the whole grid shrinks to fit
-        f = GRID_MAX_SIDE / max(grid.size)
-        grid = grid.resize((max(1, int(grid.size[0] * f)), max(1, int(grid.size[1] * f))), Image.LANCZOS)
-    return grid

@@ -36,11 +36,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 
 from jagg_core.advantages import group_advantages  # noqa: E402
-from jagg_core.pipeline.build import policy_from_params, reward_from_params  # noqa: E402
-from jagg_core.pipeline.params_io import load_params  # noqa: E402
-from jagg_core.pipeline.paths import Layout  # noqa: E402
+from jagg_core.build import policy_from_params, reward_from_params  # noqa: E402
+from jagg_core.setup.params_io import load_params  # noqa: E402
+from jagg_core.setup.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
-from jagg_core.pipeline.storage import read_prompts  # noqa: E402
+from jagg_core.setup.storage import read_prompts  # noqa: E402
 from jagg_core.trainer.rollout import rollout  # noqa: E402
 from jagg_core.trainer.update import accumulate_gradients, make_step_fns, plan_update  # noqa: E402
 

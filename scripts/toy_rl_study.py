@@ -50,9 +50,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.evaluation.evaluate import evaluate_run
-    from jagg_core.pipeline.paths import Layout, run_name
+    from jagg_core.setup.paths import Layout, run_name
     from jagg_core.trainer.loop import train
     from jagg_core.world import make_prompt_splits, write_prompt_splits
     from tasks.common import parse_overrides

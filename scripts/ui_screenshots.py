@@ -114,7 +114,7 @@ def _latest_sweep(profile: str) -> str:
     """The name of the profile's most recent sweep in the project's MLflow store."""
     os.environ.setdefault("JAGG_ROOT", str(ROOT))
     sys.path.insert(0, str(ROOT))
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.pipeline.tracking import Tracker
 
     tracker = Tracker(load_params(ROOT / "params.yaml", profile), ROOT)

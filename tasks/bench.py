@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from jagg_core.bench import BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, run_bench, save_result
-from jagg_core.pipeline.config import Params
+from jagg_core.setup.config import Params
 
-from .bench_docs import read_main_job, write_markdown
+from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
 
 __all__ = ["bench", "main", "parse_list"]
@@ -88,7 +88,7 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
           sweep: str = DEFAULT_SWEEP, main_job: str | Path | None = None) -> list[Path]:
     """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
     weights); returns the JSON files written under ``root / out``."""
-    from jagg_core.pipeline.build import pick_device
+    from jagg_core.build import pick_device
 
     cfg.validate()
     log = stage_logger("bench")

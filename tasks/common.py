@@ -12,15 +12,17 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from jagg_core.pipeline.config import Params, ParamsError
+from jagg_core.setup.config import Params, ParamsError
 
-from jagg_core.pipeline.params_io import _MAX_SET_CHARS, load_params, parse_yaml
+from jagg_core.setup.params_io import _MAX_SET_CHARS, load_params, parse_yaml
 from jagg_core.errors import UserError
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.paths import Layout
+from jagg_core.setup.redact import redact
 
 __all__ = [
     "ROOT",
     "ServiceError",
+    "shown_redacted",
     "USER_ERRORS",
     "add_common_args",
     "cli",
@@ -93,6 +95,21 @@ def orchestration_tags() -> dict[str, str]:
     return tags
 
 
+def shown_redacted(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, whose user errors leave it with their text redacted (:mod:`jagg_core.setup.redact`): what Prefect shows
+    of a failed task or flow (its state message, a logged traceback) is the error's text, which may quote a secret."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            e.args = tuple(redact(a) if isinstance(a, str) else a for a in e.args)
+            raise
+
+    return wrapper
+
+
 def prefect_tasks(module: str, **tasks: tuple[Callable[..., Any], dict[str, Any]]) -> Callable[[str], Any]:
     """A stage module's ``__getattr__`` (PEP 562) that makes its Prefect task on first use: ``name=(fn, options)``
     becomes ``prefect.task(**options)(fn)``. The flows get real Prefect tasks; `python -m tasks.<stage>` and
@@ -106,7 +123,7 @@ def prefect_tasks(module: str, **tasks: tuple[Callable[..., Any], dict[str, Any]
             from prefect import task
 
             fn, options = tasks[name]
-            made[name] = task(**options)(fn)
+            made[name] = task(**options)(shown_redacted(fn))
         return made[name]
 
     return __getattr__
@@ -142,8 +159,6 @@ class _Redacting(logging.Filter):
     that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from jagg_core.pipeline.redact import redact
-
         message = record.getMessage()
         shown = redact(message)
         if shown != message:
@@ -198,7 +213,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as a dict; a value is untrusted YAML (invalid, an undefined alias, a Python tag: one
-    sentence, see :func:`jagg_core.pipeline.params_io.parse_yaml`)."""
+    sentence, see :func:`jagg_core.setup.params_io.parse_yaml`)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -219,7 +234,7 @@ def cli(fn: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], i
         try:
             return fn(argv)
         except USER_ERRORS as e:
-            print(f"jagg: error: {e}", file=sys.stderr)
+            print(f"jagg: error: {redact(str(e))}", file=sys.stderr)
             return 1
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import Layout, parse_run_name
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
@@ -47,7 +47,7 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
 def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str, log) -> dict:  # noqa: ANN001
     """The evaluation itself, once its MLflow run is open (``tracker.ending`` around it in :func:`evaluate`)."""
     from jagg_core.evaluation.evaluate import evaluate_run
-    from jagg_core.sampling import image_grid
+    from jagg_core.media import image_grid
 
     logger = tracker.logger(run_id)
     if params.resources.num_processes > 1:
@@ -116,7 +116,7 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
     """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
     from accelerate import PartialState
 
-    from jagg_core.pipeline.build import pick_device
+    from jagg_core.build import pick_device
     from jagg_core.evaluation.evaluate import Part, evaluate_run
 
     state = PartialState(cpu=pick_device(params).type == "cpu")

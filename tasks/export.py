@@ -23,7 +23,7 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
     """Export checkpoint ``step`` (default: the newest verified one) of ``run``; returns the folder written."""
     import torch
 
-    from jagg_core.pipeline.build import policy_from_params
+    from jagg_core.build import policy_from_params
     from jagg_core.pipeline.export import ExportError, export_transformer
     from jagg_core.policies.lora import load_trainable_state_dict
     from jagg_core.trainer.checkpoint import list_checkpoints

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Iterator
 
 from jagg_core.errors import UserError
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import Layout
 
 __all__ = ["Interrupted", "die_with_parent", "error_class", "launch", "stop_on_signals", "local_context", "read_context",
            "remove_stale_contexts", "report_error_class", "user_error", "write_context", "worker_error"]

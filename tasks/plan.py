@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from jagg_core.pipeline.config import ParamsError
+from jagg_core.setup.config import ParamsError
 
 from .common import add_common_args, cli, load, parse_overrides
 

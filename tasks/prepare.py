@@ -12,9 +12,9 @@ import json
 import sys
 from pathlib import Path
 
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import Layout
-from jagg_core.pipeline.storage import atomic_write_text, write_prompts_jsonl
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import Layout
+from jagg_core.setup.storage import atomic_write_text, write_prompts_jsonl
 
 from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
 
@@ -31,7 +31,7 @@ def prepare(params: Params, lay: Layout) -> dict:
     else:
         from jagg_core.evaluation import load_hps_benchmark
         from jagg_core.evaluation.protocols import load_hpdv2_test
-        from jagg_core.pipeline.storage import read_prompts
+        from jagg_core.setup.storage import read_prompts
 
         if not params.data.train_prompts:
             raise ParamsError(

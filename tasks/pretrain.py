@@ -16,10 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from jagg_core.pipeline.config import Params
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.config import Params
+from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.pipeline.storage import atomic_write_text, replace_dir
+from jagg_core.setup.storage import atomic_write_text, replace_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, retry_only_died, stage_logger
 

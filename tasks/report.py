@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Iterator
 
-from jagg_core.pipeline.config import Params
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.config import Params
+from jagg_core.setup.paths import Layout
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      prefect_tasks, stage_logger)

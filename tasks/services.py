@@ -196,7 +196,7 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dic
 
 
 def _write_pids(pids: dict[str, int]) -> None:
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text
 
     atomic_write_text(STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
 

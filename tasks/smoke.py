@@ -22,11 +22,11 @@ import contextlib
 import sys
 from pathlib import Path
 
-from jagg_core.pipeline.storage import atomic_write_text
+from jagg_core.setup.storage import atomic_write_text
 
-from .bench_docs import SMOKE_START, replace_smoke_block, smoke_section
+from jagg_core.pipeline.smoke_docs import SMOKE_START, render_table, replace_smoke_block, smoke_section
 from .common import ROOT, add_common_args, cli, parse_overrides, stage_logger
-from .gpu_smoke import DEFAULT_METHODS, SIZES, SmokeConfig, SmokeError, render_table, run_smoke, write_result
+from jagg_core.smoke.run import DEFAULT_METHODS, SIZES, SmokeConfig, SmokeError, run_smoke, write_result
 
 __all__ = ["main", "smoke"]
 

@@ -26,8 +26,8 @@ from collections import deque
 from pathlib import Path
 
 from jagg_core.errors import UserError
-from jagg_core.pipeline.config import Params, ParamsError
-from jagg_core.pipeline.paths import Layout, run_name
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import Layout, run_name
 from jagg_core.trainer import TrainingError
 
 from jagg_core.trainer.fingerprint import run_fingerprint
@@ -98,7 +98,7 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
     """Before any worker starts: the training prompts read (one sentence for an empty prompt or a lone surrogate)
     and, on the toy world, each one a prompt of its grammar (``""``, 10,000 characters of anything: one sentence
     naming the line, not a worker's traceback)."""
-    from jagg_core.pipeline.storage import PromptFileError, read_prompts
+    from jagg_core.setup.storage import PromptFileError, read_prompts
 
     prompts = read_prompts(lay.train_prompts)
     if not params.is_toy:
@@ -128,7 +128,6 @@ def _failure(run: str, rc: int, tail: deque) -> TrainingError:
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
     """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
     another machine compares the params only: its local copy of the base model may differ in file times)."""
-    from jagg_core.pipeline.redact import redact
     from jagg_core.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(lay.checkpoints(run))
@@ -137,8 +136,7 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
     state = last.state()
     if key is not None:
         return state.get("run_key") == key
-    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(redact(params.model_dump(mode="json")),
-                                                                         sort_keys=True)
+    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(params.redacted(), sort_keys=True)
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
@@ -148,7 +146,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
     keeps the MLflow run; the others only take their share of the training.
     """
-    from jagg_core.pipeline.build import check_model_files
+    from jagg_core.build import check_model_files
     from jagg_core.pipeline.tracking import Tracker
     from jagg_core.rewards import check_rewards
 
@@ -165,7 +163,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
     with tracker.ending(mlflow_run):
-        from jagg_core.pipeline.faults import fault
+        from jagg_core.setup.faults import fault
 
         fault("run_created", 0)  # the reliability tests' SIGTERM in the half second after the run is created
         return _train_rank0(params, lay, method, seed, machine, restart, log, tracker, mlflow_run, key, run)

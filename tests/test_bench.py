@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO
 from jagg_core.bench import BenchConfig, model_spec
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 from tasks.bench import bench, main
 
 T, WINDOWS, FRACS = 8, (2, 4), (0.5, 1.0)

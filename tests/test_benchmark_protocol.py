@@ -21,7 +21,7 @@ from jagg_core.evaluation import (
     score_records,
     summarize_scores,
 )
-from jagg_core.pipeline.storage import PromptFileError
+from jagg_core.setup.storage import PromptFileError
 
 HINT = (
     "download benchmark/{anime,concept-art,paintings,photo}.json from the Hugging Face dataset zhwang/HPDv2 into the "

@@ -53,7 +53,7 @@ def test_a_checkpoint_rotated_out_under_a_reader_is_not_damaged_and_not_an_errno
 def test_resuming_with_fewer_iterations_names_the_checkpoints_real_step(ci_project, caplog):
     """A run whose checkpoint is at iteration 2 started with train.iterations = 1: nothing to do, and the message
     says 2 (it said "already trained for 1 iterations", the param, not the checkpoint)."""
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.trainer import train
 
     def params(n):

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from jagg_core.pipeline.config import KNOWN_BACKBONES, KNOWN_REWARDS, ParamsError
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.config import KNOWN_BACKBONES, KNOWN_REWARDS, ParamsError
+from jagg_core.setup.params_io import load_params
 
 
 @pytest.mark.parametrize("profile", ["toy", "toy-full", "ci", "flux", "qwenimage", "sd3", "wan"])
@@ -220,7 +220,7 @@ def test_a_missing_train_prompt_file_names_the_param_not_the_prepare_stage(tmp_p
 ])
 def test_the_real_recipes_normalise_advantages_as_published(profile, global_std):
     """The toy's batch-std choice does not leak into the published recipes: each has its source's setting."""
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
 
     assert load_params(REPO / "params.yaml", profile).train.global_std is global_std
     assert load_params(REPO / "params.yaml", "toy").train.global_std is True
@@ -229,9 +229,9 @@ def test_the_real_recipes_normalise_advantages_as_published(profile, global_std)
 def test_device_cuda_without_a_visible_gpu_is_one_sentence(monkeypatch):
     import torch
 
-    from jagg_core.pipeline.build import pick_device
-    from jagg_core.pipeline.config import ParamsError
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.build import pick_device
+    from jagg_core.setup.config import ParamsError
+    from jagg_core.setup.params_io import load_params
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine's case, also on a GPU runner
     with pytest.raises(ParamsError, match=r"^resources.device is 'cuda' but no CUDA device is visible; set it to"):
@@ -243,7 +243,7 @@ def test_mix_grpo_window_slides_and_rolls_back():
     """MixGRPO's progressive window: a stride every `window_shift_every` iterations, back to the start past the end."""
     import torch
 
-    from jagg_core.pipeline.config import SampleConfig
+    from jagg_core.setup.config import SampleConfig
     from jagg_core.trainer.rollout import choose_train_steps
 
     cfg = SampleConfig(recipe="mix_grpo", num_steps=12, sde_window_size=4, sde_window_range=(0, 9),

@@ -13,8 +13,8 @@ import torch
 from conftest import REPO
 from jagg_core import sde_step_with_logprob
 from jagg_core.loss import kernel_kl
-from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
+from jagg_core.setup.params_io import load_params
 
 
 def slow_cps(z, v, sigma, sigma_next, eta, prev):

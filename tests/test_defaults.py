@@ -1,4 +1,4 @@
-"""One source of defaults: the code's defaults (jagg_core/pipeline/config.py) are the values params.yaml's main
+"""One source of defaults: the code's defaults (jagg_core/setup/config.py) are the values params.yaml's main
 sections set, so ``Params()`` (or ``JaggConfig()``, ``SampleConfig()`` ...) is the embedded default. A value changed
 on one side only fails here, naming the key and both values."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel
 
-from jagg_core.pipeline.config import Params
+from jagg_core.setup.config import Params
 
 REPO = Path(__file__).resolve().parents[1]
 # Not defaults: the active profile's name, the overlays, and the named methods (a mapping of names, not settings).
@@ -41,7 +41,7 @@ def test_the_code_defaults_are_the_values_params_yaml_sets():
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     sections = {k: v for k, v in raw.items() if k not in NOT_DEFAULTS}
     drift = _drift(sections, Params())
-    assert not drift, "params.yaml and jagg_core/pipeline/config.py disagree: " + "; ".join(drift)
+    assert not drift, "params.yaml and jagg_core/setup/config.py disagree: " + "; ".join(drift)
 
 
 def test_the_drift_check_sees_a_changed_value():

@@ -12,7 +12,7 @@ import huggingface_hub.constants
 import pytest
 
 from jagg_core.evaluation.protocols import apply_protocol, load_hpdv2_test
-from jagg_core.pipeline.storage import PromptFileError
+from jagg_core.setup.storage import PromptFileError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -104,8 +104,8 @@ def test_a_test_list_and_a_benchmark_folder_through_evaluation_mlflow_and_the_re
     """A 400-prompt test list and an uneven benchmark folder (real layouts, the ci world's prompts) through the
     evaluation of the ci base model; every headline and form recomputed by hand from the per-image scores."""
     from jagg_core.evaluation.evaluate import evaluate_run
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from jagg_core.pipeline.report import build_report
     from tasks.evaluate import evaluate
 
@@ -182,8 +182,8 @@ def test_a_bad_test_list_stops_the_evaluate_stage_with_one_sentence(ci_project):
 
 @pytest.mark.parametrize("profile, protocol", [("flux", "hpdv2-test"), ("sd3", "hpdv2-benchmark")])
 def test_a_real_profile_prepares_the_test_set_of_its_protocol(tmp_path, profile, protocol):
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from tasks.prepare import prepare
 
     hpd = tmp_path / "hpd"

@@ -10,9 +10,9 @@ import torch
 
 
 def _generate(root, prompts, **overrides):
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.evaluation.evaluate import evaluate_step
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.paths import Layout
 
     params = load_params(root / "params.yaml", "ci", overrides or None)
     out = root / "eval-step"

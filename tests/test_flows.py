@@ -37,7 +37,7 @@ def test_training_is_retried_only_after_its_process_died(tmp_path, monkeypatch):
 
 def test_flow_overrides_make_a_sweep_point_and_are_validated(monkeypatch):
     from flows.reproduce import flow_params
-    from jagg_core.pipeline.config import ParamsError
+    from jagg_core.setup.config import ParamsError
 
     monkeypatch.chdir(REPO)
     plain = flow_params("ci")

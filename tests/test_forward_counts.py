@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 from jagg_core.pipeline.plan import forward_counts
 from jagg_core.policies.toy_flux import ToyFluxPolicy
 from jagg_core.trainer import loop, train

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,11 @@ import time
 import pytest
 
 from conftest import REPO
-from jagg_core.pipeline.storage import FolderLock, LockedError
+from jagg_core.setup.storage import FolderLock, LockedError
 
 
 def _holder(folder) -> subprocess.Popen:
-    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from jagg_core.pipeline.storage import FolderLock; "
+    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r}); from jagg_core.setup.storage import FolderLock; "
             f"FolderLock({str(folder)!r}, 'x').acquire(); print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
@@ -35,7 +35,7 @@ def test_a_second_writer_is_told_who_holds_the_lock_and_a_dead_holders_lock_is_t
 
 
 def test_training_a_run_that_another_process_trains_stops_before_any_work(ci_project):
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.trainer import train
 
     params = load_params(ci_project / "params.yaml", "ci", {"tracking.mlflow_uri": "sqlite:///m.db"})

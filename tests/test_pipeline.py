@@ -274,8 +274,8 @@ def test_bad_params_exit_nonzero_with_one_sentence_and_write_nothing(tmp_path, o
 
 
 def test_pretrain_keeps_an_up_to_date_base_model_and_retrains_a_stale_one(ci_project):
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from tasks.pretrain import pretrain
 
     lay = Layout(ci_project, "ci")
@@ -292,7 +292,7 @@ def test_pretrain_keeps_an_up_to_date_base_model_and_retrains_a_stale_one(ci_pro
 
 def test_pretraining_is_bit_identical_for_the_same_params_and_reports_progress(tmp_path):
     """The base model depends on the params only (a step count, no clock): two runs give the same bytes."""
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.pipeline.pretrain import pretrain_toy
 
     params = load_params(REPO / "params.yaml", "ci", {"pretrain.steps": 6, "pretrain.warmup": 2})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, format_plan, forward_flops, plan
 
 REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3", "wan")

@@ -21,9 +21,9 @@ SHIPPED_DIGEST = "0d399c3b49aa3f7f"
 
 
 def _toy(root: Path, overrides: dict | None = None):
-    from jagg_core.pipeline.build import policy_from_params
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.build import policy_from_params
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
 
     params = load_params(root / "params.yaml", "toy", overrides or {})
     lay = Layout(root, "toy")
@@ -37,9 +37,9 @@ def _preference(images: torch.Tensor, prompts) -> np.ndarray:
 
 
 def test_shipped_base_is_pinned_verified_and_what_the_toy_profile_starts_from(toy_base, tmp_path):
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.errors import UserError
-    from jagg_core.pipeline.storage import folder_digest
+    from jagg_core.setup.storage import folder_digest
     from tasks.pretrain import verify_sums
 
     assert folder_digest(SHIPPED) == SHIPPED_DIGEST

@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 
-from tasks import tiny_pipelines
+from jagg_core.smoke import tiny_pipelines
 from jagg_core import sde_step_with_logprob
 from jagg_core.policies import PolicyError, load_policy
 from jagg_core.policies.diffusers_common import check_tokenizer
@@ -395,7 +395,7 @@ def test_bad_options_are_refused(tiny_dir):
 def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
     """The trainer's update (accumulate_gradients) of every trained step under CPU bf16 autocast, at the first
     optimizer step (policy = rollout policy); returns its stats."""
-    from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
+    from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
     from jagg_core.jagg import plan_groups
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.update import accumulate_gradients
@@ -420,7 +420,7 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
     step the PPO ratio is exactly 1 (approx_kl 0, clipfrac 0 at clip_range 1e-4) for exact, JAGG and JAGG-reuse,
     and the velocities the rollout kept are bit-identical to the ones the update recomputes. Without the autocast in
     the rollout the ratio is not 1 (the test can fail)."""
-    from jagg_core.pipeline.config import SampleConfig
+    from jagg_core.setup.config import SampleConfig
     from jagg_core.trainer.rollout import rollout
     from jagg_core.trainer.update import make_step_fns
 
@@ -460,9 +460,9 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     """Each real profile, its weights swapped for the tiny pipeline of its backbone (32 px, float32, CPU): the policy
     builds with the profile's own options (LoRA, fixed shift, CFG), a rollout follows its recipe and one update of
     its JAGG method runs through its routing."""
-    from jagg_core.pipeline.build import policy_from_params
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.build import policy_from_params
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout
     from jagg_core.trainer.update import accumulate_gradients, plan_update

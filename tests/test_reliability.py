@@ -16,8 +16,8 @@ import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
 from tasks.common import free_port
-from jagg_core.pipeline.params_io import load_params
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.paths import Layout
 from jagg_core.trainer import CheckpointError, TrainingError, latest_checkpoint, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors, save_checkpoint
 
@@ -315,7 +315,7 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
 
 def _log_many(args):
     uri, root, k = args
-    from jagg_core.pipeline.params_io import load_params as lp
+    from jagg_core.setup.params_io import load_params as lp
     from jagg_core.pipeline.tracking import Tracker
 
     params = lp(Path(root) / "params.yaml", "ci", {"tracking.mlflow_uri": uri, "tracking.retries": 10})
@@ -732,21 +732,29 @@ def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_
 
 def test_user_errors_and_every_log_record_are_redacted(capsys):
     """One redaction for what is raised and what is logged: a user error quoting a credentialed URI prints it as
-    ``user:***@`` (also as a Prefect state message, which is its text), and so does every log handler (ours,
-    MLflow's, Prefect's console and API handlers get the same filter)."""
+    ``user:***@``, a stage's Prefect task or a flow hands it to Prefect so (its state message is the error's text),
+    and so does every log handler (ours, MLflow's, Prefect's console and API handlers get the same filter)."""
     import logging
 
-    from jagg_core.pipeline.config import ParamsError
-    from tasks.common import cli, stage_logger
+    from jagg_core.setup.config import ParamsError
+    from tasks.common import cli, shown_redacted, stage_logger
 
-    err = ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")
-    assert "s3cret" not in str(err) and "user:***@" in str(err)
+    def err():
+        return ParamsError("the MLflow store http://user:s3cret@127.0.0.1:1/ cannot open")
+
+    def fail():
+        raise err()
+
+    with pytest.raises(ParamsError) as raised:  # what a stage's Prefect task or a flow lets out
+        shown_redacted(fail)()
+    assert "s3cret" not in str(raised.value) and "user:***@" in str(raised.value)
+    assert "s3cret" not in repr(raised.value)
 
     @cli
     def main(argv=None):
-        raise err
+        fail()
 
-    assert main() == 1 and "s3cret" not in capsys.readouterr().err
+    assert main() == 1 and "user:***@" in (printed := capsys.readouterr().err) and "s3cret" not in printed
     seen = []
 
     class Capture(logging.Handler):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jagg_core.pipeline.config import ParamsError
-from jagg_core.pipeline.params_io import load_params, parse_yaml
+from jagg_core.setup.config import ParamsError
+from jagg_core.setup.params_io import load_params, parse_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = REPO / "params.yaml"
@@ -103,7 +103,7 @@ def test_option_tables_agree_with_the_backbones_and_the_rewards():
     import importlib
     import inspect
 
-    from jagg_core.pipeline.config import MODEL_OPTIONS, REWARD_OPTIONS
+    from jagg_core.setup.config import MODEL_OPTIONS, REWARD_OPTIONS
     from jagg_core.rewards.base import _FACTORIES
 
     for backbone in ("flux", "sd3", "qwenimage", "wan"):
@@ -409,7 +409,7 @@ def test_a_checkpoint_whose_manifest_does_not_prove_it_is_skipped_and_resume_fal
 
 
 def test_the_base_models_digest_is_its_content_not_its_file_times(tmp_path, monkeypatch):
-    from jagg_core.pipeline.storage import folder_digest
+    from jagg_core.setup.storage import folder_digest
 
     monkeypatch.setenv("JAGG_DIGEST_CACHE", str(tmp_path / "cache"))
     model = tmp_path / "model"
@@ -467,7 +467,7 @@ def test_services_never_signal_a_process_that_took_over_their_pid(tmp_path, monk
     ("https://u:s3cr@t@h:5000/ and later s3cr@t alone", "s3cr@t"),
 ])
 def test_credentials_with_an_at_sign_or_a_token_alone_are_redacted(text, secret):
-    from jagg_core.pipeline.redact import redact
+    from jagg_core.setup.redact import redact
 
     shown = redact({"tracking": {"mlflow_uri": text}})["tracking"]["mlflow_uri"]
     assert secret not in shown and "***" in shown
@@ -488,7 +488,7 @@ def test_credentials_with_an_at_sign_or_a_token_alone_are_redacted(text, secret)
 def test_the_report_on_damaged_or_missing_files_is_one_sentence(damage, says, tmp_path):
     import json
 
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.paths import Layout
     from jagg_core.pipeline.report import build_report
 
     params = load_params(PARAMS, "toy", {"profile": "rep", "run.methods": ["jagg"], "eval.metrics": ["toy_fidelity"]})
@@ -526,7 +526,7 @@ def test_a_test_prompt_outside_the_toy_grammar_is_one_short_sentence(prompt, tmp
     import json
 
     from jagg_core.evaluation.evaluate import EvalError, test_prompts
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.paths import Layout
 
     params = load_params(PARAMS, "ci")
     lay = Layout(tmp_path, "ci")

@@ -41,8 +41,8 @@ def _write_eval(root: Path, run: str, value: float) -> None:
 
 
 def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
 
     params = load_params(REPO / "params.yaml", "toy", {
         "profile": "rep", "run.methods": ["baseline", "jagg", "ablate"], "run.seeds": [0, 1, 2],
@@ -90,7 +90,7 @@ def test_summary_holds_every_run_and_the_paired_differences(tmp_path):
 def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_ones():
     import numpy as np
 
-    from jagg_core.sampling import image_grid
+    from jagg_core.media import image_grid
 
     toy = image_grid(np.zeros((8, 24, 24, 3), np.uint8), ["a small red circle"] * 8, ncols=4)
     assert toy.size[0] == 4 * 96 + 5 * 6  # 24 px upscaled 4x (as before), 6 px padding
@@ -105,7 +105,7 @@ def test_logged_image_grids_stay_small_for_large_images_and_readable_for_tiny_on
 def test_the_kl_ref_phase_says_at_which_cadence_it_was_measured():
     """train/kl_ref's reference forwards at β = 0 run every train.kl_ref_every iterations: the phase's label says so,
     and its mean counts the iterations without it as 0 (its share of the run, in the overhead)."""
-    from jagg_core.pipeline.params_io import load_params
+    from jagg_core.setup.params_io import load_params
     from jagg_core.pipeline.report import _Run, breakdown_rows, iteration_breakdown, kl_ref_phase
 
     toy = load_params(REPO / "params.yaml", "toy")

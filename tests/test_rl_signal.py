@@ -30,8 +30,8 @@ def drawing_base(tmp_path_factory):
     """
     import shutil
 
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from tasks.prepare import prepare
     from tasks.pretrain import pretrain
 
@@ -45,10 +45,10 @@ def drawing_base(tmp_path_factory):
 
 
 def _setup(root, overrides):
-    from jagg_core.pipeline.build import policy_from_params, reward_from_params
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
-    from jagg_core.pipeline.storage import read_prompts
+    from jagg_core.build import policy_from_params, reward_from_params
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
+    from jagg_core.setup.storage import read_prompts
 
     params = load_params(root / "params.yaml", "ci", {**JPEG, **overrides})
     lay = Layout(root, "ci")

@@ -19,7 +19,7 @@ import torch.multiprocessing as mp
 
 from conftest import REPO, run_module
 from tasks.common import free_port
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.paths import Layout
 from jagg_core.trainer.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
 
 # A Flux transformer big enough (~36 M parameters; ~0.58 GB of weights, Adam state and EMA in float32) that the

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
-from jagg_core.pipeline.params_io import load_params
-from jagg_core.pipeline.paths import Layout
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.paths import Layout
 from jagg_core.trainer import latest_checkpoint, train
 from jagg_core.trainer.checkpoint import load_tensors
 from tasks.common import free_port

@@ -16,10 +16,10 @@ import contextlib
 import pytest
 import torch
 
-from tasks import tiny_pipelines
+from jagg_core.smoke import tiny_pipelines
 from wan_clip_evaluation import benchmark_folder, check_clip_evaluation_and_report
 from jagg_core import sde_step_with_logprob
-from jagg_core.pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
+from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from jagg_core.policies import PolicyError, load_policy
 
 PROMPTS = ["a red cat", "two blue dogs on green grass"]
@@ -273,10 +273,10 @@ def test_ci_sized_wan_run_logs_frame_strips_and_its_export_reproduces_it(wan_dir
     from diffusers import WanPipeline
 
     from conftest import REPO
-    from jagg_core.pipeline.build import policy_from_params
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
-    from jagg_core.pipeline.storage import write_prompts_jsonl
+    from jagg_core.build import policy_from_params
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
+    from jagg_core.setup.storage import write_prompts_jsonl
     from jagg_core.pipeline.tracking import Tracker
     from jagg_core.policies.lora import load_trainable_state_dict
     from jagg_core.trainer.checkpoint import list_checkpoints
@@ -343,8 +343,8 @@ def test_samples_are_logged_as_grids_or_frame_strips_and_bad_eval_frames_are_one
     from conftest import REPO
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import clips_gif, log_samples
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
 
     class Sink:
         def __init__(self):

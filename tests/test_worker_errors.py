@@ -8,9 +8,9 @@ import logging
 import pytest
 
 from conftest import run_module
-from jagg_core.pipeline.params_io import load_params
-from jagg_core.pipeline.paths import Layout
-from jagg_core.pipeline.storage import PromptFileError
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.paths import Layout
+from jagg_core.setup.storage import PromptFileError
 
 BAD_PROMPTS = [("", "is an empty prompt"), ("a " * 5000, r"is not a prompt of the toy world's grammar"),
                ("\ud800 red circle", "holds a lone surrogate")]
@@ -72,5 +72,5 @@ def test_a_workers_own_error_reaches_its_launcher_as_its_own_class_and_is_not_re
 
     from jagg_core.trainer import TrainingError
 
-    for line in ["os:system", "builtins:SystemExit", "jagg_core.pipeline.storage:Path", "tasks.train:nope"]:
+    for line in ["os:system", "builtins:SystemExit", "jagg_core.setup.storage:Path", "tasks.train:nope"]:
         assert error_class(deque([f"jagg: error class: {line}"]), TrainingError) is TrainingError

@@ -33,8 +33,8 @@ def check_clip_evaluation_and_report(params, root, overrides):
     from jagg_core.evaluation.benchmark import load_image
     from jagg_core.evaluation.clips import frame_path, strip_path
     from jagg_core.evaluation.evaluate import evaluate_run
-    from jagg_core.pipeline.params_io import load_params
-    from jagg_core.pipeline.paths import Layout
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
     from jagg_core.pipeline.report import build_report
     from jagg_core.pipeline.tracking import Tracker
     from jagg_core.rewards import make_reward

@@ -7,7 +7,7 @@
 - :mod:`.comm`: all-reduces (``AllReduceSync``) and FSDP2 all-gathers in backward, with 2 gloo processes.
 - :mod:`.run`: one model's whole run as a JSON dict.
 
-``tasks/bench.py`` is the command; ``tasks/bench_docs.py`` writes docs/benchmarks.md from its results.
+``tasks/bench.py`` is the command; ``jagg_core/pipeline/bench_docs.py`` writes docs/benchmarks.md from its results.
 """
 
 from .models import (BENCH_METHODS, BUILTIN_MODELS, BenchError, ModelSpec, bench_method, build_policy, make_experience,

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from ..pipeline.config import Params, ParamsError, ResolvedMethod, SampleConfig, TrainConfig
+from ..setup.config import Params, ParamsError, ResolvedMethod, SampleConfig, TrainConfig
 from ..jagg import Group, plan_groups
 from ..policies.base import Policy
 from ..trainer.distributed import GradSync, NoSync
@@ -108,20 +108,20 @@ def profile_spec(params: Params, *, device: str, params_path: str | Path, root: 
 def build_policy(spec: ModelSpec) -> Policy:
     """A fresh policy: random weights for the built-ins (speed does not depend on training), real ones for a profile."""
     if spec.kind == "profile":
-        from ..pipeline.build import policy_from_params
-        from ..pipeline.params_io import load_params
-        from ..pipeline.paths import Layout
+        from ..build import policy_from_params
+        from ..setup.params_io import load_params
+        from ..setup.paths import Layout
 
         params = load_params(spec.params_path, spec.profile)
         return policy_from_params(params, Layout.of(params, Path(spec.root).resolve()),
                                   torch.device(spec.device))
-    from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux
+    from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux
     from ..world import vocabulary
 
     # Velocity prediction and no CFG: the x0 skip connection would divide random outputs by small sigmas, and CFG
     # would double every batch; neither changes what is compared.
     transformer, text_encoder, tokenizer, geometry = build_toy_flux(
-        vocabulary(), **spec.geometry, prediction="velocity", guidance_scale=1.0, seed=0
+        vocabulary(), ToyFluxShape(**spec.geometry, prediction="velocity", guidance_scale=1.0, seed=0)
     )
     return ToyFluxPolicy(transformer.eval(), text_encoder, tokenizer, geometry, device=spec.device,
                          dtype=torch.float32)

@@ -255,7 +255,7 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
 
 def save_result(result: dict, out_dir: str | Path) -> Path:
     """``<out_dir>/<timestamp>-<model>.json`` (written atomically)."""
-    from ..pipeline.storage import atomic_write_text
+    from ..setup.storage import atomic_write_text
 
     stamp = _dt.datetime.fromisoformat(result["created"]).strftime("%Y%m%dT%H%M%S")
     path = Path(out_dir) / f"{stamp}-{result['model']['name']}.json"

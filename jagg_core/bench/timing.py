@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..pipeline.config import ResolvedMethod
+from ..setup.config import ResolvedMethod
 from ..jagg import Group
 from ..cost import group_forwards, update_cost
 from ..policies.base import Policy

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..pipeline.storage import PromptFileError, read_prompt_list
+from ..setup.storage import PromptFileError, read_prompt_list
 
 __all__ = [
     "BLOCK_SIZE",

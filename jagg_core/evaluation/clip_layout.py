@@ -40,7 +40,7 @@ def strips_grid(paths: Sequence[Path], captions: Sequence[str]) -> Any:
     import numpy as np
     from PIL import Image
 
-    from ..sampling import GRID_MAX_SIDE, image_grid
+    from ..media import GRID_MAX_SIDE, image_grid
 
     strips = []
     for path in paths:

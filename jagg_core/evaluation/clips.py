@@ -22,8 +22,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..pipeline.config import Params
-from ..pipeline.storage import atomic_write_bytes
+from ..setup.config import Params
+from ..setup.storage import atomic_write_bytes
 from .benchmark import ScoreFn, load_image, merge_score_parts, score_batch
 from .clip_layout import VIDEO_BACKBONES, clip_complete, clip_dir, frame_path, strip_path
 

@@ -27,16 +27,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..pipeline.build import pick_device, policy_from_params
-from ..pipeline.config import Params
+from ..build import pick_device, policy_from_params
+from ..setup.config import Params
 from ..errors import UserError
-from ..pipeline.paths import Layout
+from ..setup.paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
-from ..pipeline.metric_logger import MetricLogger, NullLogger
+from ..setup.metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed
-from ..pipeline.storage import atomic_write_bytes, atomic_write_text, base_model_digest
+from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder

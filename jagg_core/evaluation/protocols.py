@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..pipeline.storage import PromptFileError, read_prompt_json
+from ..setup.storage import PromptFileError, read_prompt_json
 
 __all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "load_hpdv2_test",
            "protocol_forms", "read_test_list"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .config import Params, ResolvedMethod
+from ..setup.config import Params, ResolvedMethod
 from ..cost import group_forwards
 
 __all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_counts", "forward_flops",
@@ -121,8 +121,7 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
       trajectory (W + 2K graphs and 2(W − K) no-grad forwards; at β > 0 3W reference forwards); not run when the
       parameters are sharded (FSDP on more than one GPU).
     """
-    from ..jagg import plan_groups
-    from ..trainer.loop import AUTO_FALLBACK_JAGG_FRAC
+    from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 
     sample, train, res = params.sample, params.train, params.resources
     trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
@@ -161,7 +160,7 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     """The whole estimate as a dict (see the module docstring)."""
     backbone = params.model.backbone
     if backbone not in ARCHITECTURES:
-        from .config import ParamsError
+        from ..setup.config import ParamsError
 
         raise ParamsError(f"jagg plan needs a real backbone ({', '.join(ARCHITECTURES)}); profile "
                           f"{params.profile!r} uses {backbone!r}, which runs on a laptop in minutes.")

@@ -21,9 +21,9 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from .config import Params
-from .storage import replace_dir
-from ..policies.toy_flux import ToyFluxPolicy, build_toy_flux, save_toy_flux
+from ..setup.config import Params
+from ..setup.storage import replace_dir
+from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux, save_toy_flux
 from ..world import sample_training_pair, vocabulary
 
 __all__ = ["pretrain_toy"]
@@ -88,8 +88,7 @@ def pretrain_toy(
 def _build(params: Params):
     """The untrained `toy-flux` (transformer, text encoder, tokenizer, geometry) of ``params.pretrain``'s shape."""
     cfg = params.pretrain
-    return build_toy_flux(
-        vocabulary(),
+    return build_toy_flux(vocabulary(), ToyFluxShape(
         image_size=params.world.image_size,
         patch_size=cfg.patch_size,
         num_layers=cfg.num_layers,
@@ -102,7 +101,7 @@ def _build(params: Params):
         prediction=cfg.prediction,
         guidance_scale=cfg.guidance_scale,
         seed=cfg.seed,
-    )
+    ))
 
 
 def _lr_at(cfg, step: int) -> float:

@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import UserError
-from .config import Params, TrainConfig
+from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
-from .paths import Layout, run_name
+from ..setup.paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
 from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_learning, plot_stacked_bars
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
-from .storage import atomic_write_text
+from ..setup.storage import atomic_write_text
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
            "iteration_breakdown", "kl_ref_phase", "read_curve", "speed_table", "PHASES"]

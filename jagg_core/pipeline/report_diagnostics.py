@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from .config import Params
+from ..setup.config import Params
 from .report_figures import plot_curves
 
 __all__ = ["diagnostic_figures"]

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
-from .config import Params
-from .paths import Layout
-from .storage import atomic_write_bytes
+from ..setup.config import Params
+from ..setup.paths import Layout
+from ..setup.storage import atomic_write_bytes
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
            "plot_stacked_bars", "save_figure", "save_png"]
@@ -204,7 +204,7 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
     import torch
 
     from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
+    from ..media import image_grid
 
     columns: list[tuple[str, Path]] = []
     base = lay.eval_dir("base") / "metrics.json"
@@ -248,7 +248,7 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     import torch
 
     from ..evaluation.benchmark import image_path, load_image
-    from ..sampling import image_grid
+    from ..media import image_grid
 
     card = lay.eval_dir("base") / "metrics.json"
     if not card.exists():

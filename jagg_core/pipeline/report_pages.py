@@ -9,7 +9,7 @@ import math
 import statistics
 from typing import Any, Sequence
 
-from .config import Params
+from ..setup.config import Params
 from .report_protocols import evaluation_html, evaluation_markdown
 
 __all__ = ["fmt", "markdown_table", "page_html", "page_markdown"]

@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from .config import Params
-from .redact import flatten, redact
+from ..setup.config import Params
+from ..setup.redact import flatten, redact
 from ..errors import UserError
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
@@ -57,7 +57,7 @@ def git_commit(root: str | os.PathLike) -> str:
 
 def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow's flat strings, every secret redacted (by key and by value, see
-    :mod:`jagg_core.pipeline.redact`)."""
+    :mod:`jagg_core.setup.redact`)."""
     return {k: str(v)[:6000] for k, v in flatten(redact(dict(tree))).items()}
 
 
@@ -298,7 +298,7 @@ class _SystemMetrics:
 
 
 class MlflowLogger:
-    """A :class:`~jagg_core.pipeline.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow
+    """A :class:`~jagg_core.setup.metric_logger.MetricLogger` (the trainer's and evaluation's) bound to one MLflow
     run.
 
     With a ``buffer`` file, a store that stays unreachable after the retries does not stop training: what would have

@@ -11,6 +11,7 @@ its last hidden state is Flux's ``encoder_hidden_states`` (T5's role) and its po
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -19,7 +20,7 @@ import torch
 from ..schedules import Schedule, flow_match_schedule
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 
-__all__ = ["ToyFluxPolicy", "build_toy_flux", "build_tokenizer", "pack", "unpack"]
+__all__ = ["ToyFluxPolicy", "ToyFluxShape", "build_toy_flux", "build_tokenizer", "pack", "unpack"]
 
 SPECIALS = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 
@@ -60,38 +61,44 @@ def build_tokenizer(vocabulary: Sequence[str], max_length: int):
     )
 
 
-def build_toy_flux(
-    vocabulary: Sequence[str],
-    *,
-    image_size: int = 32,
-    patch_size: int = 4,
-    num_layers: int = 2,
-    num_single_layers: int = 4,
-    num_attention_heads: int = 4,
-    attention_head_dim: int = 32,
-    text_hidden_size: int = 64,
-    text_layers: int = 2,
-    max_text_length: int = 24,
-    prediction: str = "x0",
-    guidance_scale: float = 1.0,
-    seed: int = 0,
-):
-    """Fresh (random) transformer, text encoder and tokenizer of the toy policy."""
+@dataclass(frozen=True)
+class ToyFluxShape:
+    """The toy policy's shape: its image and patch size, the transformer's blocks and heads, the text encoder's width,
+    depth and context, what the network predicts, its guidance scale, and the seed of its random weights."""
+
+    image_size: int = 32
+    patch_size: int = 4
+    num_layers: int = 2
+    num_single_layers: int = 4
+    num_attention_heads: int = 4
+    attention_head_dim: int = 32
+    text_hidden_size: int = 64
+    text_layers: int = 2
+    max_text_length: int = 24
+    prediction: str = "x0"
+    guidance_scale: float = 1.0
+    seed: int = 0
+
+
+def build_toy_flux(vocabulary: Sequence[str], shape: ToyFluxShape = ToyFluxShape()):
+    """Fresh (random) transformer, text encoder and tokenizer of the toy policy of ``shape``."""
     from diffusers import FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
+    image_size, patch_size, max_text_length = shape.image_size, shape.patch_size, shape.max_text_length
+    attention_head_dim, text_hidden_size, prediction = shape.attention_head_dim, shape.text_hidden_size, shape.prediction
     if image_size % patch_size:
         raise PolicyError(f"image_size {image_size} must be a multiple of patch_size {patch_size}.")
     if attention_head_dim % 8:
         raise PolicyError(f"attention_head_dim must be a multiple of 8 (3-axis RoPE), got {attention_head_dim}.")
     tokenizer = build_tokenizer(vocabulary, max_text_length)
-    torch.manual_seed(seed)
+    torch.manual_seed(shape.seed)
     text_encoder = CLIPTextModel(
         CLIPTextConfig(
             vocab_size=len(tokenizer),
             hidden_size=text_hidden_size,
             intermediate_size=4 * text_hidden_size,
-            num_hidden_layers=text_layers,
+            num_hidden_layers=shape.text_layers,
             num_attention_heads=max(1, text_hidden_size // 32),
             max_position_embeddings=max_text_length,
             pad_token_id=tokenizer.pad_token_id,
@@ -103,10 +110,10 @@ def build_toy_flux(
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=3 * patch_size * patch_size,
-        num_layers=num_layers,
-        num_single_layers=num_single_layers,
+        num_layers=shape.num_layers,
+        num_single_layers=shape.num_single_layers,
         attention_head_dim=d,
-        num_attention_heads=num_attention_heads,
+        num_attention_heads=shape.num_attention_heads,
         joint_attention_dim=text_hidden_size,
         pooled_projection_dim=text_hidden_size,
         guidance_embeds=False,
@@ -115,7 +122,7 @@ def build_toy_flux(
     if prediction not in ("x0", "velocity"):
         raise PolicyError(f"prediction must be 'x0' or 'velocity', got {prediction!r}.")
     geometry = {"image_size": image_size, "patch_size": patch_size, "max_text_length": max_text_length,
-                "prediction": prediction, "guidance_scale": guidance_scale}
+                "prediction": prediction, "guidance_scale": shape.guidance_scale}
     return transformer, text_encoder, tokenizer, geometry
 
 

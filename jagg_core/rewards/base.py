@@ -28,7 +28,6 @@ __all__ = [
     "check_reward_options",
     "check_rewards",
     "make_reward",
-    "make_weighted_reward",
     "register_reward",
     "rewards_off_device",
     "loaded_rewards",
@@ -128,30 +127,3 @@ def make_reward(name: str, **options: Any) -> RewardFn:
     """The reward ``name`` built with ``options``; built once per process for the same options."""
     check_reward_options(name, options)
     return _cached(name, _freeze(options))
-
-
-def make_weighted_reward(
-    weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]] | None = None,
-    frames: str | int | Sequence[int] = "all",
-) -> RewardFn:
-    """``Σ_k w_k · reward_k``; ``info`` holds each component's per-image values under ``reward/<name>``. Clips
-    ``(B, F, 3, H, W)`` are scored on the frames ``frames`` chooses, averaged per clip (:mod:`.clips`)."""
-    from .clips import on_frames
-
-    if not weights:
-        raise RewardError("at least one reward with a weight is needed.")
-    options = options or {}
-    fns = {name: on_frames(make_reward(name, **dict(options.get(name, {}))), frames) for name in weights}
-
-    def fn(images, prompts, metadata):
-        total = torch.zeros(len(prompts), dtype=torch.float32)
-        info: dict[str, Any] = {}
-        for name, w in weights.items():
-            r, extra = fns[name](images, prompts, metadata)
-            r = r.detach().float().cpu()
-            total += float(w) * r
-            info[f"reward/{name}"] = r
-            info.update({f"reward/{name}/{k}": v for k, v in extra.items()})
-        return total, info
-
-    return fn

@@ -11,10 +11,13 @@ state (``optim``) and the EMA (``ema``), each rank writing only its own shards, 
 full state. ``state.json`` and the manifest (which covers the ``dcp/`` files too) are the same as above. Such a
 checkpoint resumes on any number of processes (DCP reshards on load) and :meth:`Checkpoint.tensors` reads it back as
 full tensors in one process (for ``jagg export``); writing and loading it is :mod:`jagg_core.trainer.sharded`.
+
+Old checkpoints are rotated out so that a concurrent reader survives it (:func:`rotate`, at the end of this module).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -24,6 +27,7 @@ import re
 import shutil
 import stat
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,19 +37,24 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from ..errors import UserError
-from ..pipeline.faults import fault
-from ..pipeline.storage import atomic_write_text, replace_dir
+from ..setup.faults import fault
+from ..setup.storage import atomic_write_text, replace_dir
 from .distributed import gather_objects, process_group
-from .rotation import ROTATED, check_checkpoint, rotate, rotated_out
 
 __all__ = [
+    "ROTATED",
     "Checkpoint",
     "CheckpointError",
     "file_sha256",
     "latest_checkpoint",
     "latest_checkpoint_together",
     "list_checkpoints",
+    "check_checkpoint",
+    "dcp_tensor_metadata",
     "load_tensors",
+    "read_full_tensors",
+    "rotate",
+    "rotated_out",
     "save_checkpoint",
     "verify_checkpoint",
 ]
@@ -87,8 +96,6 @@ class Checkpoint:
     def has(self, name: str) -> bool:
         """Whether the checkpoint holds the tensors ``name`` (``trainable`` always; ``ema`` when training kept one)."""
         if self.sharded:
-            from .sharded import dcp_tensor_metadata
-
             return any(k.startswith(DCP_KEYS[name] + ".") for k in dcp_tensor_metadata(self.path / DCP_DIR))
         return (self.path / f"{name}.safetensors").exists()
 
@@ -96,8 +103,6 @@ class Checkpoint:
         """The full tensors ``name`` (``trainable`` or ``ema``) by parameter name, on the CPU, in one process."""
         try:
             if self.sharded:
-                from .sharded import read_full_tensors
-
                 return read_full_tensors(self.path / DCP_DIR, DCP_KEYS[name])
             return load_tensors(self.path / f"{name}.safetensors")
         except OSError:
@@ -126,6 +131,35 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return st_load(Path(path).read_bytes())
+
+
+def dcp_tensor_metadata(folder: Path) -> dict[str, Any]:
+    """The tensor entries of a DCP folder's metadata, by state-dict key."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
+    return {k: m for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
+
+
+def read_full_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
+    """Every tensor under ``prefix`` of a DCP folder, assembled from all ranks' shards (one process, no group)."""
+    import torch.distributed.checkpoint as dcp
+
+    meta = {k: m for k, m in dcp_tensor_metadata(folder).items() if k.startswith(prefix + ".")}
+    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
+    if full:
+        with _single_process_quietly():
+            dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
+    return {k[len(prefix) + 1:]: v for k, v in full.items()}
+
+
+@contextlib.contextmanager
+def _single_process_quietly():
+    """DCP warns that it assumes one process when no process group exists: here that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def save_checkpoint(
@@ -337,3 +371,43 @@ def latest_checkpoint(root: str | os.PathLike) -> Checkpoint | None:
         if problem is not ROTATED:
             log.warning("skipping damaged checkpoint %s: %s", ckpt.path, problem)
     return None
+
+
+# Rotation that a concurrent reader survives (`jagg evaluate` while the run trains on).
+#
+# A training run keeps its newest ``train.keep_checkpoints`` checkpoints. The old ones are renamed away in one step
+# before they are deleted (to ``.tmp-rotated-…``, which the next resume tidies like any interrupted write), so a reader
+# sees a checkpoint whole or not at all: one that vanishes while it is verified was rotated out, not damaged, and one
+# that vanishes while its tensors are read is one sentence, never a raw Errno.
+
+ROTATED = "rotated out"  # check_checkpoint's answer for a checkpoint deleted meanwhile (by identity: `is ROTATED`)
+
+
+def rotate(root: str | os.PathLike, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints under ``root``, each renamed away first."""
+    for old in list_checkpoints(root, check=False)[:-keep]:
+        gone = old.path.with_name(f".tmp-rotated-{old.path.name}-{os.getpid()}")
+        try:
+            os.replace(old.path, gone)
+        except OSError:  # deleted by someone else already
+            continue
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+def check_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
+    """:func:`~jagg_core.trainer.checkpoint.verify_checkpoint`, except that a checkpoint that is gone by the end
+    (rotated out by its training run while this process read it) is :data:`ROTATED`, not a problem to warn about,
+    and a file unreadable for another reason is a problem, not an exception; ``part`` as for ``verify_checkpoint``."""
+    try:
+        problem = verify_checkpoint(path, part)
+    except OSError as e:
+        problem = f"unreadable ({e.strerror or e})"
+    if problem and not path.exists():
+        return ROTATED
+    return problem
+
+
+def rotated_out(ckpt: Checkpoint) -> str:
+    return (f"checkpoint {ckpt.iteration} ({ckpt.path}) was deleted while it was read: its training run rotated it "
+            f"out (it keeps the newest train.keep_checkpoints); run this again to use the newest ones, or once the "
+            f"run has finished.")

@@ -1,4 +1,4 @@
-"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.pipeline.metric_logger`).
+"""The TSV curve every training run writes (the logging interface itself is :mod:`jagg_core.setup.metric_logger`).
 
 The trainer emits namespaced metrics (``reward/…``, ``train/…``, ``time/…``, ``jagg/…``) per iteration through a
 ``MetricLogger``; the pipeline binds it to MLflow, and :class:`TsvCurve` always writes ``curve.tsv`` (one row per
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..pipeline.storage import atomic_write_text
+from ..setup.storage import atomic_write_text
 
 __all__ = ["TsvCurve"]
 

@@ -11,9 +11,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from ..pipeline.config import Params
-from ..pipeline.paths import Layout
-from ..pipeline.storage import base_model_digest
+from ..setup.config import Params
+from ..setup.paths import Layout
+from ..setup.storage import base_model_digest
 
 __all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 

@@ -19,13 +19,13 @@ from typing import Any, Sequence
 import torch
 
 from ..advantages import mixed_advantages
+from ..jagg import AUTO_FALLBACK_JAGG_FRAC
 from ..media import log_samples
 from ..modes import EXACT_MODES
-from ..pipeline.config import Params
-from ..pipeline.faults import fault
-from ..pipeline.metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..pipeline.redact import redact
-from ..pipeline.storage import FolderLock, atomic_write_text
+from ..setup.config import Params
+from ..setup.faults import fault
+from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
+from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
 from .curve import TsvCurve
 from .errors import TrainingError
@@ -33,7 +33,7 @@ from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
 from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
-__all__ = ["AUTO_FALLBACK_JAGG_FRAC", "TrainResult", "train"]
+__all__ = ["TrainResult", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +54,6 @@ def _iteration_prompts(train_prompts: Sequence[str], n: int, seed: int, iteratio
 
 def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else float("nan")
-
-
-# jagg_frac 'auto' when the fidelity curve cannot be measured (under FSDP: the probe needs full gradients on one
-# rank): the paper's own setting (Flux and Qwen-Image, W = 4).
-AUTO_FALLBACK_JAGG_FRAC = 0.6
 
 
 def train(
@@ -95,7 +90,7 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
     sink = MultiLogger([curve, logger or NullLogger()]) if r.main else NullLogger()
     if r.main:
         atomic_write_text(r.layout.run_dir(r.name) / "params.json",  # the params with secrets redacted
-                          json.dumps(redact(params.model_dump(mode="json")), indent=2) + "\n")
+                          json.dumps(params.redacted(), indent=2) + "\n")
     tcfg = params.train
     meter = _Progress(r, start, progress)
     history: list[dict[str, float]] = []

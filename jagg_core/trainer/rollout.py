@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..pipeline.config import SampleConfig
+from ..setup.config import SampleConfig
 from ..policies.base import Policy, PromptEmbeds
 from ..sampling import denoise, derive_seed, seeded_generators
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import torch
 
-from ..pipeline.build import pick_device, policy_from_params, reward_from_params
-from ..pipeline.config import Params, ResolvedMethod
-from ..pipeline.paths import Layout, run_name
-from ..pipeline.redact import flatten, redact
-from ..pipeline.storage import read_prompts
+from ..build import pick_device, policy_from_params, reward_from_params
+from ..setup.config import Params, ResolvedMethod
+from ..setup.paths import Layout, run_name
+from ..setup.redact import flatten
+from ..setup.storage import read_prompts
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed
 from .checkpoint import CheckpointError, latest_checkpoint_together, list_checkpoints, recover_leftovers, save_checkpoint
@@ -121,7 +121,7 @@ def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerat
 
 def _changed(old: dict, params: Params, limit: int = 3) -> str:
     """The first few params that differ between a checkpoint's (redacted) params and these, as ``key a → b``."""
-    new = flatten(redact(params.model_dump(mode="json")))
+    new = flatten(params.redacted())
     was = flatten(old) if isinstance(old, dict) else {}
     neutral = {f"train.{f}" for f in IGNORED_TRAIN}  # how long, how logged, how split: not what a run computes
     diffs = [f"{k} {was.get(k)!r} → {v!r}" for k, v in new.items()
@@ -194,7 +194,7 @@ def _agree(r: RunState) -> None:
         return
     from accelerate.utils import gather_object
 
-    mine = (json.dumps(redact(r.params.model_dump(mode="json")), sort_keys=True), r.restart, r.run_key)
+    mine = (json.dumps(r.params.redacted(), sort_keys=True), r.restart, r.run_key)
     every = gather_object([mine])
     for rank, (params, restart, _) in enumerate(every):
         if params != every[0][0] or restart != every[0][1]:
@@ -233,7 +233,7 @@ def save_run_checkpoint(r: RunState, iteration: int, metrics: dict[str, float]) 
     (identical on every rank) full state."""
     state = {"run_key": r.run_key, "policy_version": r.policy_version, "jagg_frac": r.jagg_frac,
              "method": r.method.name, "seed": r.seed,
-             "metrics": metrics, "params": redact(r.params.model_dump(mode="json"))}
+             "metrics": metrics, "params": r.params.redacted()}
     if r.sync.sharded:
         return save_sharded_checkpoint(r.ckpt_root, iteration, module=r.policy.transformer, optimizer=r.optimizer,
                                        state=state, ema=r.ema, keep=r.params.train.keep_checkpoints).path

@@ -4,57 +4,25 @@
 (``model``), the optimizer state (``optim``) and the EMA (``ema``), written in parallel without gathering anything, so
 no rank ever holds the full state. ``state.json`` and the manifest (covering the ``dcp/`` files too) are those of
 :mod:`jagg_core.trainer.checkpoint`, whose guarantees hold here as well. Such a checkpoint resumes on any number of
-processes (DCP reshards on load), and :func:`read_full_tensors` reads it back as full tensors in one process (for
+processes (DCP reshards on load), and :func:`~jagg_core.trainer.checkpoint.read_full_tensors` reads it back as full tensors in one process (for
 ``jagg export``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
-from ..pipeline.faults import fault
-from ..pipeline.storage import atomic_write_text, replace_dir
-from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, file_sha256
+from ..setup.faults import fault
+from ..setup.storage import atomic_write_text, replace_dir
+from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, _single_process_quietly, file_sha256, rotate
 from .distributed import gather_objects, process_group
-from .rotation import rotate
 
-__all__ = ["dcp_tensor_metadata", "load_sharded_state", "read_full_tensors", "save_sharded_checkpoint"]
-
-
-def dcp_tensor_metadata(folder: Path) -> dict[str, Any]:
-    """The tensor entries of a DCP folder's metadata, by state-dict key."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
-    return {k: m for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
-
-
-def read_full_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Every tensor under ``prefix`` of a DCP folder, assembled from all ranks' shards (one process, no group)."""
-    import torch.distributed.checkpoint as dcp
-
-    meta = {k: m for k, m in dcp_tensor_metadata(folder).items() if k.startswith(prefix + ".")}
-    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
-    if full:
-        with _single_process_quietly():
-            dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    return {k[len(prefix) + 1:]: v for k, v in full.items()}
-
-
-@contextlib.contextmanager
-def _single_process_quietly():
-    """DCP warns that it assumes one process when no process group exists: here that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
+__all__ = ["load_sharded_state", "save_sharded_checkpoint"]
 
 
 def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from ..pipeline.config import ResolvedMethod, SampleConfig, TrainConfig
+from ..setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
 from ..jagg import Group, group_backward, plan_groups
 from ..loss import kernel_kl, ppo_step_loss

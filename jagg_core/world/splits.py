@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..pipeline.storage import atomic_write_text, write_prompts_jsonl
+from ..setup.storage import atomic_write_text, write_prompts_jsonl
 from .sample import sample_prompt
 from .scene import FAMILIES
 

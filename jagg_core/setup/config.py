@@ -4,7 +4,7 @@
 reward, eval, tracking, resources), a ``profile`` key naming the active profile, and ``profiles``: named overlays
 deep-merged onto the sections. Everything is validated before any work starts; a bad value fails with one sentence
 naming the field, the value and the fix (:class:`ParamsError`). Reading a params file and ``--set`` values is
-:mod:`jagg_core.pipeline.params_io` (:func:`~jagg_core.pipeline.params_io.load_params`).
+:mod:`jagg_core.setup.params_io` (:func:`~jagg_core.setup.params_io.load_params`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
+from .redact import redact
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -532,6 +533,11 @@ class Params(_Section):
             if anchors > window:
                 raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
         return self
+
+    def redacted(self) -> dict[str, Any]:
+        """The params as JSON-ready dicts, every secret ``***``: what MLflow, ``params.json`` and every checkpoint's
+        ``state.json`` hold, and what a resumed run's params are compared with."""
+        return redact(self.model_dump(mode="json"))
 
     def method(self, name: str) -> "ResolvedMethod":
         """The jagg settings of one method: its overrides applied to the jagg section."""

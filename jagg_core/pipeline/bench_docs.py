@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-
 import statistics
 from pathlib import Path
 from typing import Sequence
 
 from jagg_core.pipeline.report_pages import markdown_table
+from jagg_core.pipeline.smoke_docs import _smoke_block, replace_smoke_block, smoke_section
 
-__all__ = ["SMOKE_END", "SMOKE_START", "read_main_job", "render_markdown", "replace_smoke_block", "smoke_section",
-           "write_markdown"]
+__all__ = ["read_main_job", "render_markdown", "write_markdown"]
 
 
 def _s(x: float | None) -> str:
@@ -311,60 +310,13 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
     else:
         names = tuple(r["model"]["name"] for r in results)
         cmd += ("\n# then render the JSON results into one page:\npython -c \"import glob, json; "
-                "from tasks.bench_docs import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
+                "from jagg_core.pipeline.bench_docs import write_markdown; write_markdown([json.load(open(sorted(glob.glob("
                 f"f'bench/*-{{m}}.json'))[-1])) for m in {names!r}], 'docs/benchmarks.md')\"")
     lines += [*BATCHING_NOTE, "## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
               "profile's policy from its weights; communication is counted on the built-in models only).", "",
               *smoke_section()]
     return "\n".join(lines)
-
-
-# The smoke test's figures live between these markers: `jagg smoke --write-docs` fills them in, and regenerating the
-# page (write_markdown) keeps what is there.
-SMOKE_START, SMOKE_END = "<!-- smoke:start -->", "<!-- smoke:end -->"
-
-
-def smoke_section(result: dict | None = None) -> list[str]:
-    """The page's "GPU smoke test" section: what `jagg smoke` runs and checks, then its figures (``result``, from
-    a GPU run) or the statement that they are not measured yet."""
-    lines = [
-        "## GPU smoke test", "",
-        "`scripts/gpu_smoke.sh` (= `.venv/bin/jagg smoke`) needs one GPU and nothing downloaded: it builds a random "
-        "tiny Flux (FLUX.1-dev's pipeline classes and folder layout; 256 px, the 36 M-parameter shape of the `large` "
-        "model; bfloat16 weights under bf16 autocast) and trains it through the real trainer for 4 iterations of "
-        "each method of the `flux` profile — baseline, JAGG, ablate and JAGG with rollout-velocity reuse — with every "
-        "group routed (jagg_frac 1, every group trained). It checks that the PPO ratio is exactly 1 at the first "
-        "optimizer step (iteration 1's `approx_kl` and `clipfrac` exactly 0; exit status 1 otherwise) and reports "
-        "per method the peak GPU memory (`torch.cuda.max_memory_allocated`) and the update stage's median time over "
-        "iterations 2–4 with its speedup over the baseline, in `reports/smoke/flux-cuda.json` and as a table. "
-        "`scripts/gpu_smoke.sh --device cpu` runs the same code at a reduced size (64 px, 8 steps, a one-block "
-        "transformer, no memory figures): `tests/test_gpu_smoke.py` runs it in CI. "
-        "`scripts/gpu_smoke.sh --write-docs docs/benchmarks.md` puts a GPU run's table here.", "",
-        SMOKE_START,
-    ]
-    if result is None:
-        lines += ["**Not yet run on a GPU** (no GPU was available when it was written): no figures yet."]
-    else:
-        from .gpu_smoke import render_table
-
-        lines += [f"Measured on {result['created'][:10]} by `scripts/gpu_smoke.sh` (torch "
-                  f"{result['machine'].get('torch', '?')}, diffusers {result['machine'].get('diffusers', '?')}):", "",
-                  render_table(result).rstrip()]
-    return lines + [SMOKE_END, ""]
-
-
-def replace_smoke_block(text: str, block: str) -> str | None:
-    """``text`` with its smoke block (markers included) replaced by ``block``; None if ``text`` has none."""
-    start, end = text.find(SMOKE_START), text.find(SMOKE_END)
-    if start < 0 or end < start:
-        return None
-    return text[:start] + block + text[end + len(SMOKE_END):]
-
-
-def _smoke_block(text: str) -> str | None:
-    start, end = text.find(SMOKE_START), text.find(SMOKE_END)
-    return text[start:end + len(SMOKE_END)] if 0 <= start < end else None
 
 
 def read_main_job(report_dir: str | Path) -> dict:
@@ -404,7 +356,7 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     existing page (its GPU figures) is kept."""
     import shutil
 
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text
 
     path = Path(path)
     figures = {}

@@ -3,7 +3,7 @@
 :func:`load_params` is what every entrypoint calls: it reads the file (one sentence when it is a folder, a symlink loop,
 not UTF-8 or absurdly large), parses it with the safe loader (duplicate keys refused, aliases bounded), deep-merges the
 active profile's overlay, applies dotted overrides and validates the result against the schema of
-:mod:`jagg_core.pipeline.config`; every failure is one :class:`~jagg_core.pipeline.config.ParamsError` sentence.
+:mod:`jagg_core.setup.config`; every failure is one :class:`~jagg_core.setup.config.ParamsError` sentence.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import Params, ParamsError
-from .paths import Layout
+from .setup.config import Params, ParamsError
+from .setup.paths import Layout
 
 __all__ = ["DTYPES", "check_model_files", "pick_device", "policy_from_params", "reward_from_params"]
 
@@ -22,7 +22,7 @@ def pick_device(params: Params) -> torch.device:
 
 def policy_from_params(params: Params, layout: Layout, device: torch.device):
     """The policy of ``params.model`` (the toy base model defaults to the pretrain stage's output)."""
-    from ..policies import load_policy
+    from .policies import load_policy
 
     options = dict(params.model.options)
     lora = params.model.lora
@@ -40,18 +40,18 @@ def check_model_files(params: Params, layout: Layout) -> None:
 
     path = params.model.path or (str(layout.base_model) if params.is_toy else None)
     if params.model.backbone == "toy-flux":
-        from ..policies.toy_flux import check_toy_flux_dir
+        from .policies.toy_flux import check_toy_flux_dir
 
         check_toy_flux_dir(path)
         return
-    from ..policies.diffusers_common import check_model_dir, resolve_model_dir
+    from .policies.diffusers_common import check_model_dir, resolve_model_dir
 
-    module = importlib.import_module(f"..policies.{params.model.backbone}", __package__)
+    module = importlib.import_module(f".policies.{params.model.backbone}", __package__)
     check_model_dir(resolve_model_dir(path, hub_id=module.HUB_ID), module.COMPONENTS, hub_id=module.HUB_ID)
 
 
 def reward_from_params(params: Params):
     """The weighted training reward of ``params.reward``."""
-    from ..rewards import make_weighted_reward
+    from .rewards import make_weighted_reward
 
     return make_weighted_reward(params.reward.weights, params.reward.options, frames=params.reward.frames)

@@ -1,5 +1,5 @@
 """Tiny random Flux, SD3, Qwen-Image and Wan pipelines, built in code and saved as diffusers folders: the one builder
-of the smoke test (`jagg smoke`, tasks/gpu_smoke.py) and the tests (tests/test_real_backbones.py, tests/test_wan.py).
+of the smoke test (`jagg smoke`, jagg_core/smoke/run.py) and the tests (tests/test_real_backbones.py, tests/test_wan.py).
 
 They have the real component classes and folder layout (model_index.json, one subfolder per component), so the
 policies load them through exactly the code path of the released weights; nothing is downloaded. Tokenizers are built

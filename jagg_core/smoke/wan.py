@@ -52,7 +52,7 @@ WAN_SIZES: dict[str, WanSmokeSize] = {
 
 def build_tiny_wan(folder: str | Path, size: WanSmokeSize, *, seed: int = 0) -> Path:
     """A Wan2.1-T2V-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
-    (tasks/tiny_pipelines.py): the released model's VAE compression (×8 in space, ×4 in time, 16 latent channels)."""
+    (jagg_core/smoke/tiny_pipelines.py): the released model's VAE compression (×8 in space, ×4 in time, 16 latent channels)."""
     d = size.text_dim
     shape = WanShape(
         num_layers=size.num_layers, num_attention_heads=size.num_attention_heads,

@@ -36,15 +36,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from jagg_core.pipeline.config import Params
+from jagg_core.setup.config import Params
 
-from jagg_core.pipeline.params_io import load_params
+from jagg_core.setup.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
 from .tiny_pipelines import FluxShape, build_flux
 
-__all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "render_table",
-           "run_smoke", "smoke_params", "write_result"]
+__all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "run_smoke",
+           "smoke_params", "write_result"]
 
 
 class SmokeError(BenchError):
@@ -116,7 +116,7 @@ PROMPTS = ["a photo of a cat", "a red cat", "two blue dogs on green grass", "a y
 
 def build_tiny_flux(folder: str | Path, size: SmokeSize, *, seed: int = 0) -> Path:
     """A FLUX.1-dev-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
-    (tasks/tiny_pipelines.py): FLUX.1's VAE compression (8×, 16 latent channels) and scheduler."""
+    (jagg_core/smoke/tiny_pipelines.py): FLUX.1's VAE compression (8×, 16 latent channels) and scheduler."""
     if size.attention_head_dim % 2 or size.attention_head_dim < 8:
         raise SmokeError(f"attention_head_dim {size.attention_head_dim} must be an even number of at least 8.")
     shape = FluxShape(
@@ -145,13 +145,13 @@ class SmokeConfig:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE, after the smoke test's own
 
     def resolved_size(self) -> SmokeSize:
-        from .gpu_smoke_wan import WAN_PROFILES, WAN_SIZES
+        from .wan import WAN_PROFILES, WAN_SIZES
 
         name = self.size or ("gpu" if self.device == "cuda" else "cpu")
         if name not in SIZES:
             raise SmokeError(f"unknown size {name!r}; sizes: {', '.join(SIZES)}.")
         updates = {k: v for k, v in (("resolution", self.resolution), ("num_steps", self.num_steps)) if v is not None}
-        if self.profile in WAN_PROFILES:  # the wan case: a tiny Wan (tasks/gpu_smoke_wan.py)
+        if self.profile in WAN_PROFILES:  # the wan case: a tiny Wan (jagg_core/smoke/wan.py)
             return type(WAN_SIZES[name])(**{**asdict(WAN_SIZES[name]), **updates})
         s = SIZES[name]
         return SmokeSize(**{**asdict(s), **updates, "vae_channels": s.vae_channels})
@@ -175,7 +175,7 @@ class SmokeConfig:
 def smoke_params(cfg: SmokeConfig, model_dir: str | Path, *, params_path: str | Path) -> tuple[Params, dict]:
     """The profile's params with its weights swapped for ``model_dir`` and the smoke test's sizes; returns them and
     the overrides applied (for the record)."""
-    from .gpu_smoke_wan import WAN_PROFILES, wan_overrides
+    from .wan import WAN_PROFILES, wan_overrides
 
     real = load_params(params_path, cfg.profile)
     wan = cfg.profile in WAN_PROFILES
@@ -264,8 +264,8 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     Run it in a process of its own (`jagg smoke` is one): the trainer's ``Accelerator`` sets accelerate's
     process-wide state to bf16 mixed precision, and a later ``Accelerator`` with other settings in the same process
     would be refused."""
-    from jagg_core.pipeline.build import pick_device
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.build import pick_device
+    from jagg_core.setup.storage import atomic_write_text
     from jagg_core.trainer import train
     from jagg_core.bench.run import machine_info
 
@@ -276,7 +276,7 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
         torch.set_num_threads(cfg.threads)
     with tempfile.TemporaryDirectory(prefix="jagg-smoke-") as tmp:
         root = Path(tmp)
-        from .gpu_smoke_wan import WAN_PROFILES, build_tiny_wan
+        from .wan import WAN_PROFILES, build_tiny_wan
 
         wan = cfg.profile in WAN_PROFILES
         model_dir = root / "models" / ("tiny-wan" if wan else "tiny-flux")
@@ -377,52 +377,9 @@ def check(result: Mapping[str, Any]) -> dict:
 # --- output -----------------------------------------------------------------------------------------------------
 
 
-def _num(x: float | None, fmt: str) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
-
-
-def render_table(result: Mapping[str, Any]) -> str:
-    """The result as markdown: a settings line, the per-method table, and the verdict."""
-    from jagg_core.pipeline.report_pages import markdown_table
-
-    c, m, rec = result["config"], result["model"], result["recipe"]
-    gpu = f" ({result['machine']['gpu']})" if "gpu" in result["machine"] else ""
-    trained = "—" if m["trainable_params"] is None else f"{m['trainable_params'] / 1e6:.2f} M"
-    head = (f"Smoke test of profile `{c['profile']}` on `{c['device']}`{gpu}: a random tiny "
-            f"{'Wan' if 'num_frames' in m.get('geometry', {}) else 'Flux'} ({trained} trained "
-            f"parameters, {m['resolution']} px = {m['image_tokens']} image tokens, {m['text_tokens']} text tokens), "
-            f"{m['dtype']} weights under {m['mixed_precision']} autocast; {rec['recipe']} with {rec['num_steps']} "
-            f"steps ({rec['trained_steps']} trained), W = {rec['window']}, jagg_frac {rec['jagg_frac']:g}, "
-            f"{rec['images_per_iteration']} images per iteration in micro-batches of {rec['micro_batch']}, "
-            f"gradient checkpointing {'on' if rec['gradient_checkpointing'] else 'off'}; {c['iterations']} "
-            f"iterations per method. Times are medians over iterations 2–{c['iterations']}.")
-    rows = [["method", "first-step approx_kl", "first-step clipfrac", "ratio = 1", "peak memory MiB",
-             "update s", "update speedup", "ideal speedup", "iteration s", "iteration speedup"]]
-    for r in result["methods"]:
-        fs = r["first_step"]
-        rows.append([
-            r["method"], _num(fs["approx_kl"], ".3g"), _num(fs["clipfrac"], ".3g"),
-            "PASS" if r["ratio_is_one"] else "FAIL",
-            "n/a (CPU)" if r["peak_memory_mb"] is None else f"{r['peak_memory_mb']:.0f}",
-            _num(r["update_s"], ".3g"), _num(r["update_speedup"], ".2f") + ("×" if r["update_speedup"] else ""),
-            _num(r["ideal_update_speedup"], ".2f") + "×", _num(r["iteration_s"], ".3g"),
-            _num(r["iteration_speedup"], ".2f") + ("×" if r["iteration_speedup"] else ""),
-        ])
-    checks = result["checks"]
-    verdict = ("All checks passed: the PPO ratio is exactly 1 at the first optimizer step for every method."
-               if checks["passed"] else "FAILED: " + " ".join(checks["failures"]))
-    notes = ("Speedups are over the first method's medians; *ideal* is the cost model's (forward 1, backward 2) "
-             "from the forwards the trainer counted. Peak memory: `torch.cuda.max_memory_allocated` over the "
-             "method's run (weights, optimizer state, the update's graphs), reset before each method.")
-    if not c["device"].startswith("cuda"):
-        notes += (" On a CPU at the reduced size the times are mostly per-call overhead and the machine's other "
-                  "load, not the work JAGG saves: read the speedups of a GPU run.")
-    return "\n".join([head, "", markdown_table(rows), notes, "", verdict, ""])
-
-
 def write_result(result: Mapping[str, Any], path: str | Path) -> Path:
     """The result as JSON, written atomically."""
-    from jagg_core.pipeline.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text
 
     def clean(x: Any) -> Any:  # NaN (no value) as null: strict JSON
         if isinstance(x, float) and math.isnan(x):
