@@ -770,3 +770,19 @@ def test_user_errors_and_every_log_record_are_redacted(capsys):
         logging.getLogger("prefect.flow_runs").removeHandler(handler)
     assert seen == ["store http://user:***@host:1/"]
 
+
+
+def test_a_reward_no_group_varies_in_says_so_once_and_updates_nothing(ci_project, caplog):
+    """ci's base never draws what a prompt asks for: toy_fidelity alone is 0 for every image, so no group varies.
+    The trainer says so once, in a sentence naming the reward's mean, and no image is kept for the update."""
+    import csv
+    import logging
+
+    params = load_params(ci_project / "params.yaml", "ci",
+                         {"reward.weights": {"toy_fidelity": 1.0}, "train.iterations": 2})
+    with caplog.at_level(logging.WARNING, logger="jagg_core.trainer.loop"):
+        train(params, "jagg", 0, root=ci_project, progress=False)
+    said = [r.getMessage() for r in caplog.records if "earned equal rewards" in r.getMessage()]
+    assert len(said) == 1 and "toy_fidelity 0.0000" in said[0] and "reward.weights" in said[0], said
+    rows = list(csv.DictReader(Layout(ci_project, "ci").curve("jagg-s0").open(), delimiter="\t"))
+    assert [float(r["train/kept_fraction"]) for r in rows] == [0.0, 0.0]

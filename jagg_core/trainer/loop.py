@@ -181,6 +181,13 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
     # where every rank must run the same collectives).
     rows = torch.arange(traj.batch_size) if r.sync.sharded else torch.nonzero(advantages != 0).flatten()
     metrics["train/kept_fraction"] = len(rows) / traj.batch_size
+    if finite and not r.said_no_signal and not bool((all_adv != 0).any()):
+        r.said_no_signal = True
+        means = ", ".join(f"{k} {float(v.mean()):.4f}" for k, v in parts.items())
+        log.warning("iteration %d: every group's images earned equal rewards (mean %s), so no image has an advantage "
+                    "and nothing is updated; a reward the policy never earns teaches nothing: add a denser reward "
+                    "beside it (reward.weights) or raise sample.group_size (said once per run; train/kept_fraction "
+                    "is 0 on such iterations)", step, means)
     return advantages, rows, finite
 
 

@@ -62,6 +62,7 @@ class RunState:
     last_ckpt: Path | None = None
     restart: bool = False  # may start over when the checkpoints were written with other params
     said_no_fidelity: bool = False  # the FSDP warning of _route, once per run
+    said_no_signal: bool = False  # the warning that no group's rewards varied, once per run
 
     @property
     def main(self) -> bool:
