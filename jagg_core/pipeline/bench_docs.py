@@ -332,16 +332,20 @@ def read_main_job(report_dir: str | Path) -> dict:
     if not summary.get("iteration_breakdown") or not (Path(report_dir) / "iteration.png").exists():
         raise BenchError(f"--main-job {report_dir}: the report has no iteration breakdown (written by an older "
                          "jagg); rerun its report stage.")
+    import datetime as dt
+
+    written = dt.datetime.fromtimestamp((Path(report_dir) / "summary.json").stat().st_mtime, dt.timezone.utc)
     return {"profile": summary["profile"], "dir": str(report_dir), "breakdown": summary["iteration_breakdown"],
-            "speed": summary.get("speed", [])}
+            "speed": summary.get("speed", []), "date": written.date().isoformat()}
 
 
 def _main_job(job: dict, figure: str) -> list[str]:
     from jagg_core.pipeline.report import breakdown_rows
 
     worst = max(b["overhead_share"] for b in job["breakdown"])
+    when = f"The report of {job['date']}'s run. " if job.get("date") else ""
     return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
-            "Each phase as the trainer times it in every iteration (`time/…` in curve.tsv and MLflow; the first "
+            f"{when}Each phase as the trainer times it in every iteration (`time/…` in curve.tsv and MLflow; the first "
             "iteration, warm-up, excluded), mean seconds per iteration. Overhead = fidelity monitor + kl_ref "
             "reference + logging + checkpoint + other (neither rollout, reward nor the update stage; a phase that runs "
             f"every N iterations, as its column says, counts 0 in the others): at most {worst:.1%} here. Added by "
