@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -31,7 +31,7 @@ from .curve import TsvCurve
 from .errors import TrainingError
 from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
-from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
+from .update import UpdateContext, UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
 
 __all__ = ["TrainResult", "train"]
 
@@ -45,6 +45,15 @@ class TrainResult:
     checkpoint: Path | None
     curve: Path
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+class _Scored(NamedTuple):
+    """One iteration's experience as the update stage reads it."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # this process's images' advantages
+    rows: torch.Tensor  # the images to train (those of groups with a signal)
+    finite: bool  # every advantage is finite (else the update is skipped)
 
 
 def _iteration_prompts(train_prompts: Sequence[str], n: int, seed: int, iteration: int) -> list[int]:
@@ -92,6 +101,8 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         atomic_write_text(r.layout.run_dir(r.name) / "params.json",  # the params with secrets redacted
                           json.dumps(params.redacted(), indent=2) + "\n")
     tcfg = params.train
+    # What every update of the run shares, built once: the policy, the method, the sections, the sync, the autocast.
+    ctx = UpdateContext(r.policy, r.method, params.sample, tcfg, r.sync, r.autocast)
     meter = _Progress(r, start, progress)
     history: list[dict[str, float]] = []
     consecutive_skips = 0
@@ -100,9 +111,9 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         t_iter = time.perf_counter()
         metrics: dict[str, float] = {}
         traj = _rollout(r, it, step, metrics)
-        advantages, rows, finite = _advantages(r, traj, step, metrics)
-        _route(r, it, traj, advantages, rows, finite, metrics)
-        skipped = _optimizer_steps(r, it, step, traj, advantages, rows, finite, metrics)
+        scored = _advantages(r, traj, step, metrics)
+        _route(r, ctx, it, scored, metrics)
+        skipped = _optimizer_steps(r, ctx, it, step, scored, metrics)
         t0 = time.perf_counter()
         sink.log_metrics(metrics, step)
         consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
@@ -146,8 +157,8 @@ def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> Traj
     return traj
 
 
-def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, float]):
-    """Rewards, their statistics, and group advantages; returns (advantages, rows to train, all finite)."""
+def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, float]) -> _Scored:
+    """Rewards, their statistics, and group advantages; returns the rollout with its advantages and rows to train."""
     acc, tcfg = r.accelerator, r.params.train
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
@@ -188,7 +199,7 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
                     "and nothing is updated; a reward the policy never earns teaches nothing: add a denser reward "
                     "beside it (reward.weights) or raise sample.group_size (said once per run; train/kept_fraction "
                     "is 0 on such iterations)", step, means)
-    return advantages, rows, finite
+    return _Scored(traj, advantages, rows, finite)
 
 
 def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
@@ -199,9 +210,10 @@ def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) 
     return {f"reward/{name}/group_std": float(stds.mean()), f"reward/{name}/zero_std_frac": float((stds == 0).float().mean())}
 
 
-def _route(r: RunState, it: int, traj: Trajectory, advantages, rows, finite: bool, metrics: dict[str, float]) -> None:
+def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: dict[str, float]) -> None:
     """jagg_frac 'auto' and the fidelity monitor: cos(jagg, exact) per group position on this rollout."""
     method, tcfg = r.method, r.params.train
+    traj, advantages, rows, finite = scored
     want_auto = method.jagg_frac == "auto" and (
         r.jagg_frac == "auto" or (method.auto_every and it % method.auto_every == 0)
     )
@@ -214,9 +226,7 @@ def _route(r: RunState, it: int, traj: Trajectory, advantages, rows, finite: boo
             r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
         else:
             t0 = time.perf_counter()
-            rep = trajectory_fidelity(r.policy, traj, advantages, rows[: tcfg.fidelity_batch], window=method.window,
-                                      anchors=method.anchors, variant=method.variant, sample=r.params.sample,
-                                      train=tcfg, autocast=r.autocast)
+            rep = trajectory_fidelity(ctx, traj, advantages, rows[: tcfg.fidelity_batch])
             metrics["time/fidelity"] = time.perf_counter() - t0
             for pos, cj, ca in zip(rep.positions, rep.cos_jagg, rep.cos_ablate):
                 metrics[f"jagg/cos_jagg/g{pos}"] = cj
@@ -228,10 +238,11 @@ def _route(r: RunState, it: int, traj: Trajectory, advantages, rows, finite: boo
     metrics["jagg/jagg_frac"] = float(r.jagg_frac)
 
 
-def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantages, rows, finite: bool,
+def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored: _Scored,
                      metrics: dict[str, float]) -> int:
     """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped."""
     tcfg, sample, method = r.params.train, r.params.sample, r.method
+    traj, advantages, rows, finite = scored
     world = r.accelerator.num_processes
     t0 = time.perf_counter()
     ustats = UpdateStats()
@@ -249,8 +260,7 @@ def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantag
             reuse = method.reuse_rollout_velocity and r.policy_version == traj.policy_version
             r.sync.start_step()
             if len(chunk) and finite:
-                ustats.add(accumulate_gradients(r.policy, traj, advantages, chunk, groups, method, sample=sample,
-                                                train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast,
+                ustats.add(accumulate_gradients(ctx, traj, advantages, chunk, groups, reuse=reuse,
                                                 measure_kl_ref=kl_now))
             if fault("update", step) == "nan":  # reliability tests: a NaN gradient (also a kill point, after a backward)
                 next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
