@@ -37,12 +37,13 @@ import torch  # noqa: E402
 
 from jagg_core.advantages import group_advantages  # noqa: E402
 from jagg_core.build import policy_from_params, reward_from_params  # noqa: E402
+from jagg_core.jagg import plan_groups  # noqa: E402
 from jagg_core.setup.params_io import load_params  # noqa: E402
 from jagg_core.setup.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
 from jagg_core.setup.storage import read_prompts  # noqa: E402
 from jagg_core.trainer.rollout import rollout  # noqa: E402
-from jagg_core.trainer.update import UpdateContext, accumulate_gradients, make_step_fns, plan_update  # noqa: E402
+from jagg_core.trainer.update import UpdateContext, accumulate_gradients, make_step_fns  # noqa: E402
 
 
 def _setup(overrides):
@@ -66,7 +67,9 @@ def _grad(params, policy, traj, adv, rows=None, method_name="baseline"):
     method = params.method(method_name)
     rows = torch.arange(traj.batch_size) if rows is None else rows
     jagg_frac = 0.0 if method.mode == "exact" else float(method.jagg_frac)
-    groups = plan_update(traj, method, params.sample, jagg_frac, torch.Generator().manual_seed(0))
+    fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
+    groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
+                         generator=torch.Generator().manual_seed(0))
     policy.transformer.zero_grad(set_to_none=True)
     ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(), contextlib.nullcontext)
     accumulate_gradients(ctx, traj, adv, rows, groups, reuse=False)

@@ -465,7 +465,8 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     from jagg_core.setup.paths import Layout
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout
-    from jagg_core.trainer.update import UpdateContext, accumulate_gradients, plan_update
+    from jagg_core.jagg import plan_groups
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     from conftest import REPO
 
@@ -481,7 +482,9 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     policy = policy_from_params(params, Layout(tmp_path, profile), torch.device("cpu"))
     traj = rollout(policy, PROMPTS[:1], [0], params.sample, seed=0, iteration=0)
     method = params.method("jagg")
-    groups = plan_update(traj, method, params.sample, float(method.jagg_frac), torch.Generator().manual_seed(0))
+    fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
+    groups = plan_groups(traj.train_steps, method.window, float(method.jagg_frac), mode=method.mode, fraction=fraction,
+                         generator=torch.Generator().manual_seed(0))
     assert groups and all(len(g.steps) <= method.window for g in groups)
     ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(),
                         lambda: torch.autocast("cpu", enabled=False))

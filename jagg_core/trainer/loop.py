@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Sequence
 import torch
 
 from ..advantages import mixed_advantages
-from ..jagg import AUTO_FALLBACK_JAGG_FRAC
+from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..media import log_samples
 from ..modes import EXACT_MODES
 from ..setup.config import Params
@@ -31,7 +31,7 @@ from .curve import TsvCurve
 from .errors import TrainingError
 from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
-from .update import UpdateContext, UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
+from .update import UpdateContext, UpdateStats, accumulate_gradients, trajectory_fidelity
 
 __all__ = ["TrainResult", "train"]
 
@@ -112,8 +112,8 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         metrics: dict[str, float] = {}
         traj = _rollout(r, it, step, metrics)
         scored = _advantages(r, traj, step, metrics)
-        _route(r, ctx, it, scored, metrics)
-        skipped = _optimizer_steps(r, ctx, it, step, scored, metrics)
+        jagg_frac = _route(r, ctx, it, scored, metrics)
+        skipped = _optimizer_steps(r, ctx, it, step, scored, jagg_frac, metrics)
         t0 = time.perf_counter()
         sink.log_metrics(metrics, step)
         consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
@@ -210,20 +210,28 @@ def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) 
     return {f"reward/{name}/group_std": float(stds.mean()), f"reward/{name}/zero_std_frac": float((stds == 0).float().mean())}
 
 
-def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: dict[str, float]) -> None:
-    """jagg_frac 'auto' and the fidelity monitor: cos(jagg, exact) per group position on this rollout."""
+def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: dict[str, float]) -> float:
+    """This iteration's jagg_frac, a plain float, and the fidelity monitor: cos(jagg, exact) per group position.
+
+    The one place where ``methods.<name>.jagg_frac`` becomes the routing's number (kept in ``r.jagg_frac`` for the
+    checkpoint and the next iteration): a number as configured; ``'auto'`` the fidelity curve's reading at the first
+    iteration (and every ``auto_every``), else the last reading; under FSDP, where the curve cannot be measured,
+    :data:`AUTO_FALLBACK_JAGG_FRAC` until a reading exists; 0.0 while no rollout could be read (e.g. all-zero
+    advantages: conservative).
+    """
     method, tcfg = r.method, r.params.train
     traj, advantages, rows, finite = scored
-    want_auto = method.jagg_frac == "auto" and (
-        r.jagg_frac == "auto" or (method.auto_every and it % method.auto_every == 0)
-    )
+    auto = method.jagg_frac == "auto"
+    want_auto = auto and (r.jagg_frac is None or bool(method.auto_every and it % method.auto_every == 0))
+    frac = float(method.jagg_frac) if not auto else r.jagg_frac
     if (want_auto or (tcfg.fidelity_every and it % tcfg.fidelity_every == 0)) and finite and len(rows):
         if r.sync.sharded:
             if r.main and not r.said_no_fidelity:
                 log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to %s",
                             AUTO_FALLBACK_JAGG_FRAC)
                 r.said_no_fidelity = True
-            r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
+            if frac is None:  # 'auto' with no reading yet
+                frac = AUTO_FALLBACK_JAGG_FRAC
         else:
             t0 = time.perf_counter()
             rep = trajectory_fidelity(ctx, traj, advantages, rows[: tcfg.fidelity_batch])
@@ -232,15 +240,19 @@ def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: d
                 metrics[f"jagg/cos_jagg/g{pos}"] = cj
                 metrics[f"jagg/cos_ablate/g{pos}"] = ca
             if want_auto:
-                r.jagg_frac = rep.jagg_frac(method.auto_threshold)
-    if r.jagg_frac == "auto":  # no usable rollout yet (e.g. all-zero advantages): be conservative
-        r.jagg_frac = 0.0
-    metrics["jagg/jagg_frac"] = float(r.jagg_frac)
+                frac = rep.jagg_frac(method.auto_threshold)
+    r.jagg_frac = 0.0 if frac is None else frac  # None: no usable rollout yet
+    metrics["jagg/jagg_frac"] = r.jagg_frac
+    return r.jagg_frac
 
 
-def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored: _Scored,
+def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored: _Scored, jagg_frac: float,
                      metrics: dict[str, float]) -> int:
-    """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped."""
+    """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped.
+
+    Each chunk's groups are ``plan_groups``' (routed with ``jagg_frac``, :func:`_route`'s); DanceGRPO's
+    timestep_fraction keeps a random subset of whole groups.
+    """
     tcfg, sample, method = r.params.train, r.params.sample, r.method
     traj, advantages, rows, finite = scored
     world = r.accelerator.num_processes
@@ -250,13 +262,15 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
+    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
     # train/kl_ref at β = 0 is a diagnostic: measured every train.kl_ref_every iterations (and at the first); at β > 0
     # the loss's own KL, computed at every trained step anyway, is logged every iteration
     kl_now = tcfg.kl_ref and (tcfg.beta > 0 or it % tcfg.kl_ref_every == 0)
     for _epoch in range(tcfg.inner_epochs):
         perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
         for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
-            groups = plan_update(traj, method, sample, r.jagg_frac, group_gen)
+            groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
+                                 generator=group_gen)
             reuse = method.reuse_rollout_velocity and r.policy_version == traj.policy_version
             r.sync.start_step()
             if len(chunk) and finite:

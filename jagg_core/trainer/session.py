@@ -58,7 +58,7 @@ class RunState:
     named: list[tuple[str, torch.nn.Parameter]]
     ema: dict[str, torch.Tensor] | None
     policy_version: int = 0
-    jagg_frac: Any = None
+    jagg_frac: float | None = None  # the routing's, as the loop resolved it (_route); None before the first iteration
     last_ckpt: Path | None = None
     restart: bool = False  # may start over when the checkpoints were written with other params
     said_no_fidelity: bool = False  # the FSDP warning of _route, once per run
@@ -116,8 +116,7 @@ def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerat
                 policy=policy, sync=sync, optimizer=optimizer, reward_fn=reward_from_params(params),
                 train_prompts=read_prompts(layout.train_prompts), ckpt_root=layout.checkpoints(name),
                 run_key=run_key or run_fingerprint(params, layout, method_name, seed), trainable=trainable,
-                named=named, ema=ema,
-                jagg_frac=method.jagg_frac)
+                named=named, ema=ema)
 
 
 def _changed(old: dict, params: Params, limit: int = 3) -> str:
@@ -180,7 +179,8 @@ def resume_run(r: RunState) -> int:
                 # file's keys come back in no fixed order).
                 r.ema = {k: distribute_tensor(r.ema[k].to(p.device), p.device_mesh, p.placements) for k, p in r.named}
     r.policy_version = int(state["policy_version"])
-    r.jagg_frac = state.get("jagg_frac", r.jagg_frac)
+    frac = state.get("jagg_frac")  # the last reading of jagg_frac 'auto' goes on from here
+    r.jagg_frac = None if frac is None else float(frac)
     r.last_ckpt = ckpt.path
     if r.main:
         log.info("resuming %s from %s (iteration %d)", r.name, ckpt.path, int(state["iteration"]))

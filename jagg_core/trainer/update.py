@@ -20,14 +20,14 @@ import torch
 
 from ..setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
-from ..jagg import Group, group_backward, plan_groups
+from ..jagg import Group, group_backward
 from ..loss import kernel_kl, ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
 from .distributed import GradSync, NoSync
 from .rollout import Trajectory
 
-__all__ = ["StepFns", "UpdateContext", "UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
+__all__ = ["StepFns", "UpdateContext", "UpdateStats", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
 
 
 def _clock(like: torch.Tensor) -> float:
@@ -73,14 +73,6 @@ class UpdateStats:
         self.kl_ref_seconds += getattr(other, "kl_ref_seconds", 0.0)
         for k, v in other.extras.items():
             self.extras.setdefault(k, []).extend(v if isinstance(v, list) else [v])
-
-
-def plan_update(traj: Trajectory, method: ResolvedMethod, sample: SampleConfig, jagg_frac: float,
-                generator: torch.Generator) -> list[Group]:
-    """The groups trained this iteration (DanceGRPO's timestep_fraction picks whole groups)."""
-    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
-    return plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
-                       generator=generator)
 
 
 class StepFns(NamedTuple):
