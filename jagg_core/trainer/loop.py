@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
@@ -32,6 +32,9 @@ from .errors import TrainingError
 from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
 from .update import UpdateContext, UpdateStats, accumulate_gradients, trajectory_fidelity
+
+if TYPE_CHECKING:  # accelerate is imported where a run starts (session.py:setup_run)
+    from accelerate import Accelerator
 
 __all__ = ["TrainResult", "train"]
 
@@ -73,7 +76,7 @@ def train(
     root: str | Path = ".",
     logger: MetricLogger | None = None,
     resume: bool = True,
-    accelerator: Any = None,
+    accelerator: Accelerator | None = None,
     progress: bool = True,
     run_key: str | None = None,
     restart: bool = False,

@@ -15,7 +15,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +32,12 @@ from .errors import TrainingError
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
 from .sharded import load_sharded_state, save_sharded_checkpoint
 
+if TYPE_CHECKING:  # types only: accelerate is imported where a run starts (setup_run), the others by build.py
+    from accelerate import Accelerator
+
+    from ..policies.base import Policy
+    from ..rewards.base import RewardFn
+
 __all__ = ["RunState", "resume_run", "save_run_checkpoint", "setup_run"]
 
 log = logging.getLogger(__name__)
@@ -46,11 +52,11 @@ class RunState:
     name: str  # <method>-s<seed>
     seed: int
     layout: Layout
-    accelerator: Any
-    policy: Any
+    accelerator: Accelerator
+    policy: Policy
     sync: GradSync
     optimizer: torch.optim.Optimizer
-    reward_fn: Any
+    reward_fn: RewardFn  # the weighted training reward (rewards/weighted.py)
     train_prompts: list[str]
     ckpt_root: Path
     run_key: str
@@ -73,7 +79,7 @@ class RunState:
         return self.accelerator.autocast() if mixed else contextlib.nullcontext()
 
 
-def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerator: Any,
+def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerator: Accelerator | None,
               run_key: str | None) -> RunState:
     """Processes, device, policy (sharded under FSDP), gradient sync, optimizer, EMA, reward and prompts."""
     from accelerate import Accelerator
