@@ -23,7 +23,7 @@ from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..media import log_samples
 from ..modes import EXACT_MODES
 from ..setup.config import Params
-from ..setup.faults import fault
+from ..setup.faults import TRAINER_FAULTS
 from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
@@ -150,7 +150,7 @@ def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> Traj
     idx = _iteration_prompts(r.train_prompts, sample.prompts_per_iteration, r.seed, it)
     per_rank = sample.prompts_per_iteration // world
     mine = list(range(rank * per_rank, (rank + 1) * per_rank))
-    fault("rollout", step)
+    TRAINER_FAULTS.before_rollout(step)
     t0 = time.perf_counter()
     traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
                    keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
@@ -166,24 +166,22 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
     rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
-    if fault("reward", step) == "nan":  # a reward model that returns NaN for one image
-        first = f"reward/{next(iter(r.params.reward.weights))}"
-        rewards, info = rewards.clone(), {**info, first: info[first].clone()}
-        rewards[0] = info[first][0] = float("nan")
+    rewards, info = TRAINER_FAULTS.rewards(rewards, info, r.params.reward.weights, step)
     metrics["time/reward"] = time.perf_counter() - t0
     all_rewards = acc.gather(rewards.to(acc.device)).cpu()
     metrics["reward/mean"] = float(all_rewards.mean())
     metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
-    for key, val in info.items():
-        if isinstance(val, torch.Tensor) and val.numel() == rewards.numel():
-            gathered = acc.gather(val.float().to(acc.device)).cpu()
-            metrics[f"{key}/mean"] = float(gathered.mean())
-            metrics[f"{key}/std"] = float(gathered.std()) if gathered.numel() > 1 else 0.0
+    # Each per-image score gathered once: for its statistics here and, the configured rewards', for the advantages.
+    gathered = {key: acc.gather(val.float().to(acc.device)).cpu() for key, val in info.items()
+                if isinstance(val, torch.Tensor) and val.numel() == rewards.numel()}
+    for key, values in gathered.items():
+        metrics[f"{key}/mean"] = float(values.mean())
+        metrics[f"{key}/std"] = float(values.std()) if values.numel() > 1 else 0.0
     # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
     # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
     all_groups = acc.gather(traj.group_ids.to(acc.device)).cpu()
     rcfg = r.params.reward
-    parts = {k: acc.gather(info[f"reward/{k}"].float().to(acc.device)).cpu() for k in rcfg.weights}
+    parts = {k: gathered[f"reward/{k}"] for k in rcfg.weights}
     for k, values in parts.items():
         metrics.update(_spread_diagnostics(k, values, all_groups))
     all_adv = mixed_advantages(parts, rcfg.weights, all_groups, normalize=rcfg.normalize, eps=tcfg.adv_eps,
@@ -279,8 +277,7 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
             if len(chunk) and finite:
                 ustats.add(accumulate_gradients(ctx, traj, advantages, chunk, groups, reuse=reuse,
                                                 measure_kl_ref=kl_now))
-            if fault("update", step) == "nan":  # reliability tests: a NaN gradient (also a kill point, after a backward)
-                next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
+            TRAINER_FAULTS.after_backward(r.trainable, step)
             t1 = time.perf_counter()
             r.sync.reduce(r.trainable)
             t2 = time.perf_counter()
