@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
     import torch
