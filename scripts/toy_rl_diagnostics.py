@@ -37,12 +37,13 @@ import torch  # noqa: E402
 
 from jagg_core.advantages import group_advantages  # noqa: E402
 from jagg_core.build import policy_from_params, reward_from_params  # noqa: E402
+from jagg_core.jagg import plan_groups  # noqa: E402
 from jagg_core.setup.params_io import load_params  # noqa: E402
 from jagg_core.setup.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
 from jagg_core.setup.storage import read_prompts  # noqa: E402
 from jagg_core.trainer.rollout import rollout  # noqa: E402
-from jagg_core.trainer.update import accumulate_gradients, make_step_fns, plan_update  # noqa: E402
+from jagg_core.trainer.update import UpdateContext, accumulate_gradients, make_step_fns  # noqa: E402
 
 
 def _setup(overrides):
@@ -66,10 +67,12 @@ def _grad(params, policy, traj, adv, rows=None, method_name="baseline"):
     method = params.method(method_name)
     rows = torch.arange(traj.batch_size) if rows is None else rows
     jagg_frac = 0.0 if method.mode == "exact" else float(method.jagg_frac)
-    groups = plan_update(traj, method, params.sample, jagg_frac, torch.Generator().manual_seed(0))
+    fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
+    groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
+                         generator=torch.Generator().manual_seed(0))
     policy.transformer.zero_grad(set_to_none=True)
-    accumulate_gradients(policy, traj, adv, rows, groups, method, sample=params.sample, train=params.train,
-                         sync=NoSync(), reuse=False, autocast=contextlib.nullcontext)
+    ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(), contextlib.nullcontext)
+    accumulate_gradients(ctx, traj, adv, rows, groups, reuse=False)
     return torch.cat([p.grad.reshape(-1) for p in policy.trainable_parameters()]).clone()
 
 
@@ -166,9 +169,8 @@ def kl(args) -> dict:
         with torch.no_grad():
             per_step = {}
             for step in traj.train_steps:
-                fns = make_step_fns(
-                    policy, traj, rows, adv, [step], sample=params.sample, train=params.train, scale=1.0,
-                    autocast=contextlib.nullcontext)
+                fns = make_step_fns(UpdateContext(policy, params.method("baseline"), params.sample, params.train),
+                                    traj, rows, adv, [step], scale=1.0)
                 from jagg_core.sde import sde_step_with_logprob
 
                 v = fns.velocity(0)

@@ -134,7 +134,7 @@ def test_exact_jagg_and_reuse_update_with_cps_and_the_first_ratio_is_one(toy_pol
     from jagg_core.jagg import plan_groups
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout
-    from jagg_core.trainer.update import accumulate_gradients
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     policy = toy_policy
     policy.keep_reference()
@@ -155,9 +155,9 @@ def test_exact_jagg_and_reuse_update_with_cps_and_the_first_ratio_is_one(toy_pol
         method = ResolvedMethod(name=name, mode=mode, window=4, jagg_frac=1.0, variant=variant, anchors=2,
                                 reuse_rollout_velocity=reuse)
         groups = plan_groups(traj.train_steps, 4, 1.0, mode=mode)
-        stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, method, sample=cfg,
-                                     train=TrainConfig(micro_batch=4, clip_range=1e-6, beta=beta), sync=NoSync(),
-                                     reuse=reuse, autocast=lambda: torch.autocast("cpu", enabled=False))
+        ctx = UpdateContext(policy, method, cfg, TrainConfig(micro_batch=4, clip_range=1e-6, beta=beta), NoSync(),
+                            lambda: torch.autocast("cpu", enabled=False))
+        stats = accumulate_gradients(ctx, traj, advantages, torch.arange(4), groups, reuse=reuse)
         exact = variant == "sequential" or mode == "exact"
         assert stats.extras["approx_kl"] and all(x == 0.0 if exact else x < 1e-12 for x in stats.extras["approx_kl"])
         assert all(x == 0.0 for x in stats.extras["clipfrac"]) or not exact, name

@@ -398,18 +398,18 @@ def _bf16_update(policy, traj, method_name: str, reuse: bool = False):
     from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
     from jagg_core.jagg import plan_groups
     from jagg_core.trainer.distributed import NoSync
-    from jagg_core.trainer.update import accumulate_gradients
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     mode = "exact" if method_name == "exact" else "jagg"
     method = ResolvedMethod(name=method_name, mode=mode, window=4, jagg_frac=1.0, variant="joint", anchors=2,
                             reuse_rollout_velocity=reuse)
     groups = plan_groups(traj.train_steps, 4, 1.0, mode=mode)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, method,
-                                 sample=SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2,
-                                                     batch_size=4),
-                                 train=TrainConfig(micro_batch=4, clip_range=1e-4), sync=NoSync(), reuse=reuse,
-                                 autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    ctx = UpdateContext(policy, method,
+                        SampleConfig(recipe="dance_grpo", num_steps=4, noise_level=0.7, group_size=2, batch_size=4),
+                        TrainConfig(micro_batch=4, clip_range=1e-4), NoSync(),
+                        lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    stats = accumulate_gradients(ctx, traj, advantages, torch.arange(4), groups, reuse=reuse)
     for p in policy.trainable_parameters():
         p.grad = None
     return stats
@@ -420,9 +420,9 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
     step the PPO ratio is exactly 1 (approx_kl 0, clipfrac 0 at clip_range 1e-4) for exact, JAGG and JAGG-reuse,
     and the velocities the rollout kept are bit-identical to the ones the update recomputes. Without the autocast in
     the rollout the ratio is not 1 (the test can fail)."""
-    from jagg_core.setup.config import SampleConfig
+    from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
     from jagg_core.trainer.rollout import rollout
-    from jagg_core.trainer.update import make_step_fns
+    from jagg_core.trainer.update import UpdateContext, make_step_fns
 
     policy = load(tiny_dir, "flux")
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -433,8 +433,8 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
         stats = _bf16_update(policy, traj, name, reuse)
         assert stats.extras["approx_kl"] and all(x == 0.0 for x in stats.extras["approx_kl"]), (name, reuse)
         assert all(x == 0.0 for x in stats.extras["clipfrac"]), (name, reuse)
-    fns = make_step_fns(policy, traj, torch.arange(4), torch.ones(4), traj.train_steps, sample=cfg,
-                        train=None, scale=1.0, autocast=bf16)
+    ctx = UpdateContext(policy, ResolvedMethod(name="exact", mode="exact"), cfg, TrainConfig(), autocast=bf16)
+    fns = make_step_fns(ctx, traj, torch.arange(4), torch.ones(4), traj.train_steps, scale=1.0)
     with torch.no_grad():
         for j, step in enumerate(traj.train_steps):
             assert torch.equal(fns.velocity(j), traj.velocities[step]), step
@@ -465,7 +465,8 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     from jagg_core.setup.paths import Layout
     from jagg_core.trainer.distributed import NoSync
     from jagg_core.trainer.rollout import rollout
-    from jagg_core.trainer.update import accumulate_gradients, plan_update
+    from jagg_core.jagg import plan_groups
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     from conftest import REPO
 
@@ -481,11 +482,13 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     policy = policy_from_params(params, Layout(tmp_path, profile), torch.device("cpu"))
     traj = rollout(policy, PROMPTS[:1], [0], params.sample, seed=0, iteration=0)
     method = params.method("jagg")
-    groups = plan_update(traj, method, params.sample, float(method.jagg_frac), torch.Generator().manual_seed(0))
+    fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
+    groups = plan_groups(traj.train_steps, method.window, float(method.jagg_frac), mode=method.mode, fraction=fraction,
+                         generator=torch.Generator().manual_seed(0))
     assert groups and all(len(g.steps) <= method.window for g in groups)
-    stats = accumulate_gradients(policy, traj, torch.tensor([1.0, -1.0]), torch.arange(2), groups, method,
-                                 sample=params.sample, train=params.train, sync=NoSync(), reuse=False,
-                                 autocast=lambda: torch.autocast("cpu", enabled=False))
+    ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(),
+                        lambda: torch.autocast("cpu", enabled=False))
+    stats = accumulate_gradients(ctx, traj, torch.tensor([1.0, -1.0]), torch.arange(2), groups, reuse=False)
     assert stats.backward_calls >= 1 and stats.extras["approx_kl"] and max(stats.extras["approx_kl"]) < 1e-6
     assert any(p.grad is not None for p in policy.trainable_parameters())
 

@@ -71,13 +71,14 @@ def _rollout(params, policy, prompts, reward_fn, seed, iteration):
 def _loss_gradient(params, policy, traj, adv) -> torch.Tensor:
     """The flat gradient of the baseline's GRPO loss over the whole rollout (what the trainer accumulates)."""
     from jagg_core.trainer.distributed import NoSync
-    from jagg_core.trainer.update import accumulate_gradients, plan_update
+    from jagg_core.jagg import plan_groups
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     method = params.method("baseline")
-    groups = plan_update(traj, method, params.sample, 0.0, torch.Generator().manual_seed(0))
+    groups = plan_groups(traj.train_steps, method.window, 0.0, mode=method.mode)
     policy.transformer.zero_grad(set_to_none=True)
-    accumulate_gradients(policy, traj, adv, torch.arange(traj.batch_size), groups, method, sample=params.sample,
-                         train=params.train, sync=NoSync(), reuse=False, autocast=contextlib.nullcontext)
+    ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(), contextlib.nullcontext)
+    accumulate_gradients(ctx, traj, adv, torch.arange(traj.batch_size), groups, reuse=False)
     return torch.cat([p.grad.reshape(-1) for p in policy.trainable_parameters()])
 
 

@@ -49,13 +49,12 @@ def update(policy, traj, m: ResolvedMethod, *, autocast=NO_AUTOCAST, clip_range=
     """The trainer's update (accumulate_gradients) of every trained step; returns (stats, the gradients)."""
     from jagg_core.jagg import plan_groups
     from jagg_core.trainer.distributed import NoSync
-    from jagg_core.trainer.update import accumulate_gradients
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
     groups = plan_groups(traj.train_steps, m.window, 1.0, mode=m.mode)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    stats = accumulate_gradients(policy, traj, advantages, torch.arange(4), groups, m, sample=SAMPLE,
-                                 train=TrainConfig(micro_batch=4, clip_range=clip_range), sync=NoSync(),
-                                 reuse=m.reuse_rollout_velocity, autocast=autocast)
+    ctx = UpdateContext(policy, m, SAMPLE, TrainConfig(micro_batch=4, clip_range=clip_range), NoSync(), autocast)
+    stats = accumulate_gradients(ctx, traj, advantages, torch.arange(4), groups, reuse=m.reuse_rollout_velocity)
     grads = [p.grad.clone() for p in policy.trainable_parameters()]
     for p in policy.trainable_parameters():
         p.grad = None
@@ -128,10 +127,10 @@ def test_rollout_of_clips_and_every_update_through_the_trainer(wan_dir):
         assert max(stats.extras["approx_kl"]) < 1e-9, m.name
         counts[m.name] = (stats.grad_forwards, stats.nograd_forwards, stats.reused_velocities)
     assert counts == {"exact": (4, 0, 0), "jagg": (2, 2, 0), "ablate": (2, 2, 0), "reuse": (2, 0, 2)}  # cost.py
-    from jagg_core.trainer.update import trajectory_fidelity  # what jagg_frac: auto reads, on clips
+    from jagg_core.trainer.update import UpdateContext, trajectory_fidelity  # what jagg_frac: auto reads, on clips
 
-    rep = trajectory_fidelity(policy, traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.arange(4), window=2,
-                              sample=SAMPLE, train=TrainConfig(micro_batch=4, clip_range=1e-4))
+    ctx = UpdateContext(policy, method("jagg", "jagg", window=2), SAMPLE, TrainConfig(micro_batch=4, clip_range=1e-4))
+    rep = trajectory_fidelity(ctx, traj, torch.tensor([1.0, -1.0, 0.5, -0.5]), torch.arange(4))
     assert rep.positions == [0, 1] and all(abs(c - 1) < 1e-5 for c in rep.cos_jagg)  # W = 2: JAGG is exact
 
 

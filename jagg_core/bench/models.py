@@ -21,7 +21,7 @@ from ..jagg import Group, plan_groups
 from ..policies.base import Policy
 from ..trainer.distributed import GradSync, NoSync
 from ..trainer.rollout import Trajectory, rollout
-from ..trainer.update import UpdateStats, accumulate_gradients
+from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -206,9 +206,8 @@ def update_groups(exp: Experience, method: ResolvedMethod) -> list[Group]:
 def run_update(policy: Policy, exp: Experience, method: ResolvedMethod, groups: list[Group], *,
                sync: GradSync | None = None) -> UpdateStats:
     """Forward + backward of ``groups`` over the micro-batch: the trainer's ``accumulate_gradients``."""
-    return accumulate_gradients(policy, exp.traj, exp.advantages, exp.rows, groups, method, sample=exp.sample,
-                                train=exp.train, sync=sync or NoSync(), reuse=method.reuse_rollout_velocity,
-                                autocast=contextlib.nullcontext)
+    ctx = UpdateContext(policy, method, exp.sample, exp.train, sync or NoSync(), contextlib.nullcontext)
+    return accumulate_gradients(ctx, exp.traj, exp.advantages, exp.rows, groups, reuse=method.reuse_rollout_velocity)
 
 
 def zero_grads(policy: Policy) -> None:

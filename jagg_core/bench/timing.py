@@ -24,7 +24,7 @@ from ..jagg import Group
 from ..cost import group_forwards, update_cost
 from ..policies.base import Policy
 from ..trainer.rollout import rollout
-from ..trainer.update import UpdateStats, make_step_fns, trajectory_fidelity
+from ..trainer.update import UpdateContext, UpdateStats, make_step_fns, trajectory_fidelity
 from .models import Experience, bench_method, fits, run_update, update_groups, zero_grads
 
 __all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "call_cost", "call_cost_model",
@@ -142,11 +142,11 @@ class _CellTimer:
         self.policy, self.exp, self.n_batched, self.seed = policy, exp, n_batched, seed
         self.dev = policy.device
         step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
-        self.velocity = make_step_fns(policy, exp.traj, exp.rows, exp.advantages, [step], sample=exp.sample,
-                                      train=exp.train, scale=1.0, autocast=contextlib.nullcontext).velocity
-        self.velocity_batch = make_step_fns(policy, exp.traj, exp.rows, exp.advantages,
-                                            exp.traj.train_steps[:n_batched], sample=exp.sample, train=exp.train,
-                                            scale=1.0, autocast=contextlib.nullcontext).velocity_batch
+        # the primitives' forwards: the policy alone (the method only matters to the update, not to a forward)
+        ctx = UpdateContext(policy, bench_method("exact", 2), exp.sample, exp.train, autocast=contextlib.nullcontext)
+        self.velocity = make_step_fns(ctx, exp.traj, exp.rows, exp.advantages, [step], scale=1.0).velocity
+        self.velocity_batch = make_step_fns(ctx, exp.traj, exp.rows, exp.advantages, exp.traj.train_steps[:n_batched],
+                                            scale=1.0).velocity_batch
         # lr 1e-12 on zero gradients: the step costs what it costs and changes nothing
         self.optimizer = torch.optim.AdamW(list(policy.trainable_parameters()), lr=1e-12, weight_decay=0.0)
         self.plans: dict[str, tuple[ResolvedMethod, list[Group]]] = {}
@@ -274,8 +274,8 @@ def fidelity_by_anchors(policy: Policy, exp: Experience, window: int, anchors: S
     """cos(K-anchor JAGG gradient, exact gradient) and cos(ablate, exact) per group, for each K, on the experience."""
     out = {"window": window, "anchors": {}}
     for k in anchors:
-        rep = trajectory_fidelity(policy, exp.traj, exp.advantages, exp.rows, window=window, anchors=k,
-                                  variant="joint", sample=exp.sample, train=exp.train)
+        ctx = UpdateContext(policy, bench_method(f"jagg-k{k}", window), exp.sample, exp.train)  # K anchors, joint
+        rep = trajectory_fidelity(ctx, exp.traj, exp.advantages, exp.rows)
         out["anchors"][str(k)] = {"positions": rep.positions, "cos_jagg": rep.cos_jagg, "cos_ablate": rep.cos_ablate,
                                   "norm_ratio_jagg": rep.norm_ratio_jagg}
     zero_grads(policy)

@@ -43,7 +43,7 @@ from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from .conventions import evaluation_conventions
 from .protocols import apply_protocol, load_hpdv2_test
 
-__all__ = ["EvalError", "Part", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
+__all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
 
 
 class EvalError(UserError, RuntimeError):
@@ -134,6 +134,15 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How :func:`evaluate_step` runs, not what it computes: the images and scores are the same whatever these are."""
+
+    policy: Any = None  # a loaded policy to reuse across steps (its weights are replaced); None: built from params
+    progress: bool = False  # a progress bar while scoring
+    part: Part = Part()  # this process's share
+
+
 def evaluate_step(
     params: Params,
     layout: Layout,
@@ -142,19 +151,19 @@ def evaluate_step(
     weights: Mapping[str, torch.Tensor] | None,
     step: int,
     prompts: Mapping[str, Sequence[str]],
-    policy=None,
-    progress: bool = False,
-    part: Part = Part(),
+    options: StepOptions = StepOptions(),
 ) -> dict[str, Any]:
     """Generate (what is missing) and score one step's images, or clips for a video backbone (a clip's score is the
     mean over its ``reward.frames``, :mod:`.clips`); returns and writes its summary.
 
-    With ``part`` of several processes (a collective: every rank calls it), each generates and scores its blocks."""
+    With ``options.part`` of several processes (a collective: every rank calls it), each generates and scores its
+    blocks."""
     from ..rewards import loaded_rewards, make_reward, rewards_off_device
 
     from ..sampling import sample_images
 
     ev = params.eval
+    policy, progress, part = options.policy, options.progress, options.part
     out_dir.mkdir(parents=True, exist_ok=True)
     images_dir = out_dir / "images"
     # Everything the images depend on: the checkpoint, the base model's weights, the model options, the sampler and
@@ -309,7 +318,7 @@ def evaluate_run(
         if policy is None:
             policy = policy_from_params(params, layout, device or pick_device(params))
         res = evaluate_step(params, layout, eval_dir / "steps" / f"{step:06d}", weights=weights, step=step,
-                            prompts=prompts, policy=policy, progress=progress, part=part)
+                            prompts=prompts, options=StepOptions(policy, progress, part))
         flat = _flat(res["metrics"])
         if not part.main:
             curve.append({"step": step, **flat})

@@ -3,7 +3,7 @@
 The store defaults to an embedded SQLite file at the repository root (``sqlite:///<abs path>/mlflow.db``), so no
 server is needed; ``jagg ui`` opens the MLflow UI on the same store. Every call is retried with exponential backoff
 (SQLite answers "database is locked" while another process writes); a store that cannot be reached at start fails
-with one clear sentence before any training.
+with one clear sentence before any training. Where the store is and what its failures say: :mod:`.mlflow_store`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from ..setup.config import Params
 from ..setup.redact import flatten, redact
-from ..errors import UserError
+from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
+                           store_failure)
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -34,17 +35,9 @@ def check_sweep_name(sweep: str) -> str:
         raise TrackingError(f"sweep name {str(sweep)[:80]!r} must be 1 to 100 letters, digits, '_', '.', ':' or '-' "
                             f"(it names an MLflow run and is searched for); pass another --sweep.")
     return sweep
+
+
 T = TypeVar("T")
-class TrackingError(UserError, RuntimeError):
-    """The tracking store cannot be used; the message is for the user."""
-
-
-def resolve_uri(uri: str, root: str | os.PathLike) -> str:
-    """Relative ``sqlite:///x.db`` paths are taken relative to the repository root and made absolute."""
-    prefix = "sqlite:///"
-    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
-        return prefix + str((Path(root) / uri[len(prefix):]).resolve())
-    return uri
 
 
 def git_commit(root: str | os.PathLike) -> str:
@@ -59,63 +52,6 @@ def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
     """Params as MLflow's flat strings, every secret redacted (by key and by value, see
     :mod:`jagg_core.setup.redact`)."""
     return {k: str(v)[:6000] for k, v in flatten(redact(dict(tree))).items()}
-
-
-@contextlib.contextmanager
-def _store_creation_lock(uri: str) -> Iterator[None]:
-    """For a SQLite store, an exclusive lock beside the database while a process opens it: the first creates the
-    tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them."""
-    if not uri.startswith("sqlite:///"):
-        yield
-        return
-    import fcntl
-
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _shown(uri: str) -> str:
-    """The store's URI as it may be printed: credentials in it redacted (``http://user:***@host/``)."""
-    return redact(uri)
-
-
-def _check_sqlite_store(uri: str) -> None:
-    """A SQLite store that is a folder, or a file that is not a SQLite database, is one sentence before MLflow opens
-    it (MLflow would answer with a long SQLAlchemy traceback)."""
-    if not uri.startswith("sqlite:///"):
-        return
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
-    if db.is_dir():
-        raise TrackingError(f"the MLflow store {db} is a folder, not a SQLite file; move it aside or set "
-                            f"tracking.mlflow_uri to another file.")
-    if db.is_file() and db.stat().st_size:
-        with open(db, "rb") as f:
-            header = f.read(16)
-        if header != b"SQLite format 3\x00":
-            raise TrackingError(f"the MLflow store {db} is not a SQLite database (damaged?); move it aside "
-                                f"(mv {db} {db}.damaged) to start a fresh store, or set tracking.mlflow_uri.")
-
-
-def _store_failure(uri: str, what: str, e: BaseException) -> str:
-    """One sentence for a store that failed every retry: what it is, which store, and the fix."""
-    text = " ".join(str(e).split())
-    if uri.startswith("sqlite:///"):
-        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
-        if "locked" in text:
-            return (f"the MLflow store {db} cannot {what}: another process holds it locked; stop that process (or "
-                    f"wait for it) and run again.")
-        if "malformed" in text or "not a database" in text:
-            return (f"the MLflow store {db} is damaged ({type(e).__name__}); move it aside (mv {db} {db}.damaged) to "
-                    f"start a fresh store, or set tracking.mlflow_uri.")
-    detail = redact(text[:200])
-    return (f"the MLflow store {_shown(uri)} cannot {what} ({type(e).__name__}: {detail}); check "
-            f"tracking.mlflow_uri or start the server.")
 
 
 class Tracker:
@@ -134,12 +70,12 @@ class Tracker:
             # exponential backoff per call (minutes for an absent server). Explicit environment settings win.
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-        if _shown(self.uri) != self.uri:
+        if shown(self.uri) != self.uri:
             # MLflow prints "View run … at: <the URI as given>" when a run ends: the password, twice. Silenced.
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         name = params.tracking.experiment.format(profile=params.profile)
-        _check_sqlite_store(self.uri)
-        with _store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it
+        check_sqlite_store(self.uri)
+        with store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it
             self.client = self._call(lambda: MlflowClient(tracking_uri=self.uri), "be opened")
             self.experiment_id = self._call(lambda: self._open_experiment(name), "open or create the experiment")
         self.experiment = name
@@ -165,7 +101,7 @@ class Tracker:
                 return fn()
             except Exception as e:  # noqa: BLE001  (MLflow raises many types for a busy or absent store)
                 if attempt == retries:
-                    raise TrackingError(_store_failure(self.uri, what, e)) from None
+                    raise TrackingError(store_failure(self.uri, what, e)) from None
                 log.warning("MLflow: could not %s (%s); retrying in %.1fs", what, type(e).__name__, delay)
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -3,6 +3,9 @@
 ``JAGG_FAULT="<point>@<iteration>:<action>"`` (several separated by ``,``): at ``point`` (``rollout``, ``reward``,
 ``update``, ``checkpoint``) of iteration ``iteration`` (1-based), do ``action``: ``kill`` (SIGKILL this process),
 ``oserror`` (raise ENOSPC, as a full disk), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN).
+
+The training recipe's points are hooks (:data:`TRAINER_FAULTS`, called by ``jagg_core/trainer/loop.py`` at its named
+points), so that what a fault does to the recipe's values is written here, not in the recipe.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from typing import TYPE_CHECKING, Iterable
 
-__all__ = ["fault"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TRAINER_FAULTS", "TrainerFaults", "fault"]
 
 
 def fault(point: str, iteration: int) -> str | None:
@@ -33,3 +40,30 @@ def fault(point: str, iteration: int) -> str | None:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         return action
     return None
+
+
+class TrainerFaults:
+    """The training recipe's fault points: each hook does nothing unless ``JAGG_FAULT`` plans a fault at its point."""
+
+    def before_rollout(self, iteration: int) -> None:
+        """``rollout``: before the iteration's sampling (``kill``, ``term``, ``oserror``)."""
+        fault("rollout", iteration)
+
+    def rewards(self, rewards: torch.Tensor, info: dict, names: Iterable[str],
+                iteration: int) -> tuple[torch.Tensor, dict]:
+        """``reward``, on the rollout's scores: ``nan`` is a reward model that returns NaN for one image (the first
+        image's total and its score under the first of the configured reward ``names``, on copies)."""
+        if fault("reward", iteration) != "nan":
+            return rewards, info
+        first = f"reward/{next(iter(names))}"
+        rewards, info = rewards.clone(), {**info, first: info[first].clone()}
+        rewards[0] = info[first][0] = float("nan")
+        return rewards, info
+
+    def after_backward(self, trainable: Iterable[torch.nn.Parameter], iteration: int) -> None:
+        """``update``, after an optimizer step's backward (also a kill point): ``nan`` is a NaN in the first gradient."""
+        if fault("update", iteration) == "nan":
+            next(p.grad for p in trainable if p.grad is not None).view(-1)[0] = float("nan")
+
+
+TRAINER_FAULTS = TrainerFaults()

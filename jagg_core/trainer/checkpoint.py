@@ -10,14 +10,14 @@ folder (``.metadata`` and one ``__<rank>_0.distcp`` per rank) holding the traine
 state (``optim``) and the EMA (``ema``), each rank writing only its own shards, in parallel; no rank ever holds the
 full state. ``state.json`` and the manifest (which covers the ``dcp/`` files too) are the same as above. Such a
 checkpoint resumes on any number of processes (DCP reshards on load) and :meth:`Checkpoint.tensors` reads it back as
-full tensors in one process (for ``jagg export``); writing and loading it is :mod:`jagg_core.trainer.sharded`.
+full tensors in one process (for ``jagg export``; :mod:`jagg_core.trainer.dcp_read`); writing and loading it is
+:mod:`jagg_core.trainer.sharded`.
 
 Old checkpoints are rotated out so that a concurrent reader survives it (:func:`rotate`, at the end of this module).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -27,7 +27,6 @@ import re
 import shutil
 import stat
 import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -39,6 +38,7 @@ from safetensors.torch import save as st_save
 from ..errors import UserError
 from ..setup.faults import fault
 from ..setup.storage import atomic_write_text, replace_dir
+from .dcp_read import dcp_tensor_metadata, read_full_tensors
 from .distributed import gather_objects, process_group
 
 __all__ = [
@@ -131,35 +131,6 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return st_load(Path(path).read_bytes())
-
-
-def dcp_tensor_metadata(folder: Path) -> dict[str, Any]:
-    """The tensor entries of a DCP folder's metadata, by state-dict key."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = FileSystemReader(folder).read_metadata().state_dict_metadata
-    return {k: m for k, m in meta.items() if isinstance(m, TensorStorageMetadata)}
-
-
-def read_full_tensors(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
-    """Every tensor under ``prefix`` of a DCP folder, assembled from all ranks' shards (one process, no group)."""
-    import torch.distributed.checkpoint as dcp
-
-    meta = {k: m for k, m in dcp_tensor_metadata(folder).items() if k.startswith(prefix + ".")}
-    full = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items()}
-    if full:
-        with _single_process_quietly():
-            dcp.load(full, storage_reader=dcp.FileSystemReader(folder), no_dist=True)
-    return {k[len(prefix) + 1:]: v for k, v in full.items()}
-
-
-@contextlib.contextmanager
-def _single_process_quietly():
-    """DCP warns that it assumes one process when no process group exists: here that is the intent."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        yield
 
 
 def save_checkpoint(

@@ -14,16 +14,16 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
 from ..advantages import mixed_advantages
-from ..jagg import AUTO_FALLBACK_JAGG_FRAC
+from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..media import log_samples
 from ..modes import EXACT_MODES
 from ..setup.config import Params
-from ..setup.faults import fault
+from ..setup.faults import TRAINER_FAULTS
 from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
 from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
@@ -31,7 +31,10 @@ from .curve import TsvCurve
 from .errors import TrainingError
 from .rollout import Trajectory, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
-from .update import UpdateStats, accumulate_gradients, plan_update, trajectory_fidelity
+from .update import UpdateContext, UpdateStats, accumulate_gradients, trajectory_fidelity
+
+if TYPE_CHECKING:  # accelerate is imported where a run starts (session.py:setup_run)
+    from accelerate import Accelerator
 
 __all__ = ["TrainResult", "train"]
 
@@ -45,6 +48,15 @@ class TrainResult:
     checkpoint: Path | None
     curve: Path
     history: list[dict[str, float]] = field(default_factory=list)
+
+
+class _Scored(NamedTuple):
+    """One iteration's experience as the update stage reads it."""
+
+    traj: Trajectory
+    advantages: torch.Tensor  # this process's images' advantages
+    rows: torch.Tensor  # the images to train (those of groups with a signal)
+    finite: bool  # every advantage is finite (else the update is skipped)
 
 
 def _iteration_prompts(train_prompts: Sequence[str], n: int, seed: int, iteration: int) -> list[int]:
@@ -64,7 +76,7 @@ def train(
     root: str | Path = ".",
     logger: MetricLogger | None = None,
     resume: bool = True,
-    accelerator: Any = None,
+    accelerator: Accelerator | None = None,
     progress: bool = True,
     run_key: str | None = None,
     restart: bool = False,
@@ -92,6 +104,8 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         atomic_write_text(r.layout.run_dir(r.name) / "params.json",  # the params with secrets redacted
                           json.dumps(params.redacted(), indent=2) + "\n")
     tcfg = params.train
+    # What every update of the run shares, built once: the policy, the method, the sections, the sync, the autocast.
+    ctx = UpdateContext(r.policy, r.method, params.sample, tcfg, r.sync, r.autocast)
     meter = _Progress(r, start, progress)
     history: list[dict[str, float]] = []
     consecutive_skips = 0
@@ -100,9 +114,9 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         t_iter = time.perf_counter()
         metrics: dict[str, float] = {}
         traj = _rollout(r, it, step, metrics)
-        advantages, rows, finite = _advantages(r, traj, step, metrics)
-        _route(r, it, traj, advantages, rows, finite, metrics)
-        skipped = _optimizer_steps(r, it, step, traj, advantages, rows, finite, metrics)
+        scored = _advantages(r, traj, step, metrics)
+        jagg_frac = _route(r, ctx, it, scored, metrics)
+        skipped = _optimizer_steps(r, ctx, it, step, scored, jagg_frac, metrics)
         t0 = time.perf_counter()
         sink.log_metrics(metrics, step)
         consecutive_skips = _check_skips(r, step, skipped, consecutive_skips)
@@ -136,7 +150,7 @@ def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> Traj
     idx = _iteration_prompts(r.train_prompts, sample.prompts_per_iteration, r.seed, it)
     per_rank = sample.prompts_per_iteration // world
     mine = list(range(rank * per_rank, (rank + 1) * per_rank))
-    fault("rollout", step)
+    TRAINER_FAULTS.before_rollout(step)
     t0 = time.perf_counter()
     traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
                    keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
@@ -146,30 +160,28 @@ def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> Traj
     return traj
 
 
-def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, float]):
-    """Rewards, their statistics, and group advantages; returns (advantages, rows to train, all finite)."""
+def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, float]) -> _Scored:
+    """Rewards, their statistics, and group advantages; returns the rollout with its advantages and rows to train."""
     acc, tcfg = r.accelerator, r.params.train
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
     rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
-    if fault("reward", step) == "nan":  # a reward model that returns NaN for one image
-        first = f"reward/{next(iter(r.params.reward.weights))}"
-        rewards, info = rewards.clone(), {**info, first: info[first].clone()}
-        rewards[0] = info[first][0] = float("nan")
+    rewards, info = TRAINER_FAULTS.rewards(rewards, info, r.params.reward.weights, step)
     metrics["time/reward"] = time.perf_counter() - t0
     all_rewards = acc.gather(rewards.to(acc.device)).cpu()
     metrics["reward/mean"] = float(all_rewards.mean())
     metrics["reward/std"] = float(all_rewards.std()) if all_rewards.numel() > 1 else 0.0
-    for key, val in info.items():
-        if isinstance(val, torch.Tensor) and val.numel() == rewards.numel():
-            gathered = acc.gather(val.float().to(acc.device)).cpu()
-            metrics[f"{key}/mean"] = float(gathered.mean())
-            metrics[f"{key}/std"] = float(gathered.std()) if gathered.numel() > 1 else 0.0
+    # Each per-image score gathered once: for its statistics here and, the configured rewards', for the advantages.
+    gathered = {key: acc.gather(val.float().to(acc.device)).cpu() for key, val in info.items()
+                if isinstance(val, torch.Tensor) and val.numel() == rewards.numel()}
+    for key, values in gathered.items():
+        metrics[f"{key}/mean"] = float(values.mean())
+        metrics[f"{key}/std"] = float(values.std()) if values.numel() > 1 else 0.0
     # Advantages over the global batch (groups never straddle processes, but the global std spans them all), so
     # N processes compute what one process would; every rank keeps its own rows and agrees on skipping.
     all_groups = acc.gather(traj.group_ids.to(acc.device)).cpu()
     rcfg = r.params.reward
-    parts = {k: acc.gather(info[f"reward/{k}"].float().to(acc.device)).cpu() for k in rcfg.weights}
+    parts = {k: gathered[f"reward/{k}"] for k in rcfg.weights}
     for k, values in parts.items():
         metrics.update(_spread_diagnostics(k, values, all_groups))
     all_adv = mixed_advantages(parts, rcfg.weights, all_groups, normalize=rcfg.normalize, eps=tcfg.adv_eps,
@@ -188,7 +200,7 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
                     "and nothing is updated; a reward the policy never earns teaches nothing: add a denser reward "
                     "beside it (reward.weights) or raise sample.group_size (said once per run; train/kept_fraction "
                     "is 0 on such iterations)", step, means)
-    return advantages, rows, finite
+    return _Scored(traj, advantages, rows, finite)
 
 
 def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) -> dict[str, float]:
@@ -199,39 +211,51 @@ def _spread_diagnostics(name: str, rewards: torch.Tensor, groups: torch.Tensor) 
     return {f"reward/{name}/group_std": float(stds.mean()), f"reward/{name}/zero_std_frac": float((stds == 0).float().mean())}
 
 
-def _route(r: RunState, it: int, traj: Trajectory, advantages, rows, finite: bool, metrics: dict[str, float]) -> None:
-    """jagg_frac 'auto' and the fidelity monitor: cos(jagg, exact) per group position on this rollout."""
+def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: dict[str, float]) -> float:
+    """This iteration's jagg_frac, a plain float, and the fidelity monitor: cos(jagg, exact) per group position.
+
+    The one place where ``methods.<name>.jagg_frac`` becomes the routing's number (kept in ``r.jagg_frac`` for the
+    checkpoint and the next iteration): a number as configured; ``'auto'`` the fidelity curve's reading at the first
+    iteration (and every ``auto_every``), else the last reading; under FSDP, where the curve cannot be measured,
+    :data:`AUTO_FALLBACK_JAGG_FRAC` until a reading exists; 0.0 while no rollout could be read (e.g. all-zero
+    advantages: conservative).
+    """
     method, tcfg = r.method, r.params.train
-    want_auto = method.jagg_frac == "auto" and (
-        r.jagg_frac == "auto" or (method.auto_every and it % method.auto_every == 0)
-    )
+    traj, advantages, rows, finite = scored
+    auto = method.jagg_frac == "auto"
+    want_auto = auto and (r.jagg_frac is None or bool(method.auto_every and it % method.auto_every == 0))
+    frac = float(method.jagg_frac) if not auto else r.jagg_frac
     if (want_auto or (tcfg.fidelity_every and it % tcfg.fidelity_every == 0)) and finite and len(rows):
         if r.sync.sharded:
             if r.main and not r.said_no_fidelity:
                 log.warning("gradient fidelity is not measured under FSDP; jagg_frac 'auto' falls back to %s",
                             AUTO_FALLBACK_JAGG_FRAC)
                 r.said_no_fidelity = True
-            r.jagg_frac = AUTO_FALLBACK_JAGG_FRAC if r.jagg_frac == "auto" else r.jagg_frac
+            if frac is None:  # 'auto' with no reading yet
+                frac = AUTO_FALLBACK_JAGG_FRAC
         else:
             t0 = time.perf_counter()
-            rep = trajectory_fidelity(r.policy, traj, advantages, rows[: tcfg.fidelity_batch], window=method.window,
-                                      anchors=method.anchors, variant=method.variant, sample=r.params.sample,
-                                      train=tcfg, autocast=r.autocast)
+            rep = trajectory_fidelity(ctx, traj, advantages, rows[: tcfg.fidelity_batch])
             metrics["time/fidelity"] = time.perf_counter() - t0
             for pos, cj, ca in zip(rep.positions, rep.cos_jagg, rep.cos_ablate):
                 metrics[f"jagg/cos_jagg/g{pos}"] = cj
                 metrics[f"jagg/cos_ablate/g{pos}"] = ca
             if want_auto:
-                r.jagg_frac = rep.jagg_frac(method.auto_threshold)
-    if r.jagg_frac == "auto":  # no usable rollout yet (e.g. all-zero advantages): be conservative
-        r.jagg_frac = 0.0
-    metrics["jagg/jagg_frac"] = float(r.jagg_frac)
+                frac = rep.jagg_frac(method.auto_threshold)
+    r.jagg_frac = 0.0 if frac is None else frac  # None: no usable rollout yet
+    metrics["jagg/jagg_frac"] = r.jagg_frac
+    return r.jagg_frac
 
 
-def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantages, rows, finite: bool,
+def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored: _Scored, jagg_frac: float,
                      metrics: dict[str, float]) -> int:
-    """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped."""
+    """The method's backward over the stored experience, one optimizer step per chunk; returns the steps skipped.
+
+    Each chunk's groups are ``plan_groups``' (routed with ``jagg_frac``, :func:`_route`'s); DanceGRPO's
+    timestep_fraction keeps a random subset of whole groups.
+    """
     tcfg, sample, method = r.params.train, r.params.sample, r.method
+    traj, advantages, rows, finite = scored
     world = r.accelerator.num_processes
     t0 = time.perf_counter()
     ustats = UpdateStats()
@@ -239,21 +263,21 @@ def _optimizer_steps(r: RunState, it: int, step: int, traj: Trajectory, advantag
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
+    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
     # train/kl_ref at β = 0 is a diagnostic: measured every train.kl_ref_every iterations (and at the first); at β > 0
     # the loss's own KL, computed at every trained step anyway, is logged every iteration
     kl_now = tcfg.kl_ref and (tcfg.beta > 0 or it % tcfg.kl_ref_every == 0)
     for _epoch in range(tcfg.inner_epochs):
         perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
         for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
-            groups = plan_update(traj, method, sample, r.jagg_frac, group_gen)
+            groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
+                                 generator=group_gen)
             reuse = method.reuse_rollout_velocity and r.policy_version == traj.policy_version
             r.sync.start_step()
             if len(chunk) and finite:
-                ustats.add(accumulate_gradients(r.policy, traj, advantages, chunk, groups, method, sample=sample,
-                                                train=tcfg, sync=r.sync, reuse=reuse, autocast=r.autocast,
+                ustats.add(accumulate_gradients(ctx, traj, advantages, chunk, groups, reuse=reuse,
                                                 measure_kl_ref=kl_now))
-            if fault("update", step) == "nan":  # reliability tests: a NaN gradient (also a kill point, after a backward)
-                next(p.grad for p in r.trainable if p.grad is not None).view(-1)[0] = float("nan")
+            TRAINER_FAULTS.after_backward(r.trainable, step)
             t1 = time.perf_counter()
             r.sync.reduce(r.trainable)
             t2 = time.perf_counter()

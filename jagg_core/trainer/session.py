@@ -15,7 +15,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,6 +32,12 @@ from .errors import TrainingError
 from .fingerprint import IGNORED_TRAIN, run_fingerprint
 from .sharded import load_sharded_state, save_sharded_checkpoint
 
+if TYPE_CHECKING:  # types only: accelerate is imported where a run starts (setup_run), the others by build.py
+    from accelerate import Accelerator
+
+    from ..policies.base import Policy
+    from ..rewards.base import RewardFn
+
 __all__ = ["RunState", "resume_run", "save_run_checkpoint", "setup_run"]
 
 log = logging.getLogger(__name__)
@@ -46,11 +52,11 @@ class RunState:
     name: str  # <method>-s<seed>
     seed: int
     layout: Layout
-    accelerator: Any
-    policy: Any
+    accelerator: Accelerator
+    policy: Policy
     sync: GradSync
     optimizer: torch.optim.Optimizer
-    reward_fn: Any
+    reward_fn: RewardFn  # the weighted training reward (rewards/weighted.py)
     train_prompts: list[str]
     ckpt_root: Path
     run_key: str
@@ -58,7 +64,7 @@ class RunState:
     named: list[tuple[str, torch.nn.Parameter]]
     ema: dict[str, torch.Tensor] | None
     policy_version: int = 0
-    jagg_frac: Any = None
+    jagg_frac: float | None = None  # the routing's, as the loop resolved it (_route); None before the first iteration
     last_ckpt: Path | None = None
     restart: bool = False  # may start over when the checkpoints were written with other params
     said_no_fidelity: bool = False  # the FSDP warning of _route, once per run
@@ -73,7 +79,7 @@ class RunState:
         return self.accelerator.autocast() if mixed else contextlib.nullcontext()
 
 
-def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerator: Any,
+def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerator: Accelerator | None,
               run_key: str | None) -> RunState:
     """Processes, device, policy (sharded under FSDP), gradient sync, optimizer, EMA, reward and prompts."""
     from accelerate import Accelerator
@@ -116,8 +122,7 @@ def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerat
                 policy=policy, sync=sync, optimizer=optimizer, reward_fn=reward_from_params(params),
                 train_prompts=read_prompts(layout.train_prompts), ckpt_root=layout.checkpoints(name),
                 run_key=run_key or run_fingerprint(params, layout, method_name, seed), trainable=trainable,
-                named=named, ema=ema,
-                jagg_frac=method.jagg_frac)
+                named=named, ema=ema)
 
 
 def _changed(old: dict, params: Params, limit: int = 3) -> str:
@@ -180,7 +185,8 @@ def resume_run(r: RunState) -> int:
                 # file's keys come back in no fixed order).
                 r.ema = {k: distribute_tensor(r.ema[k].to(p.device), p.device_mesh, p.placements) for k, p in r.named}
     r.policy_version = int(state["policy_version"])
-    r.jagg_frac = state.get("jagg_frac", r.jagg_frac)
+    frac = state.get("jagg_frac")  # the last reading of jagg_frac 'auto' goes on from here
+    r.jagg_frac = None if frac is None else float(frac)
     r.last_ckpt = ckpt.path
     if r.main:
         log.info("resuming %s from %s (iteration %d)", r.name, ckpt.path, int(state["iteration"]))

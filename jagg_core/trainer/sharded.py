@@ -4,8 +4,8 @@
 (``model``), the optimizer state (``optim``) and the EMA (``ema``), written in parallel without gathering anything, so
 no rank ever holds the full state. ``state.json`` and the manifest (covering the ``dcp/`` files too) are those of
 :mod:`jagg_core.trainer.checkpoint`, whose guarantees hold here as well. Such a checkpoint resumes on any number of
-processes (DCP reshards on load), and :func:`~jagg_core.trainer.checkpoint.read_full_tensors` reads it back as full tensors in one process (for
-``jagg export``).
+processes (DCP reshards on load), and :func:`~jagg_core.trainer.dcp_read.read_full_tensors` reads it back as full
+tensors in one process (for ``jagg export``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 
 from ..setup.faults import fault
 from ..setup.storage import atomic_write_text, replace_dir
-from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, _single_process_quietly, file_sha256, rotate
+from .checkpoint import DCP_DIR, Checkpoint, CheckpointError, file_sha256, rotate
+from .dcp_read import single_process_quietly
 from .distributed import gather_objects, process_group
 
 __all__ = ["load_sharded_state", "save_sharded_checkpoint"]
@@ -180,7 +181,7 @@ def load_sharded_state(
     if ema is not None and ckpt.has("ema"):
         entries["ema"] = ema
     try:
-        with _single_process_quietly():
+        with single_process_quietly():
             dcp.load(entries, storage_reader=dcp.FileSystemReader(ckpt.path / DCP_DIR),
                      no_dist=process_group() is None)
     except (Exception, CheckpointException) as e:  # noqa: BLE001

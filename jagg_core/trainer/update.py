@@ -1,9 +1,11 @@
 """The update stage: the method's backward over stored experience, then one optimizer step (per chunk).
 
 ``plan_groups`` cuts the trained steps into groups of W and routes them (a mode of ``jagg_core.modes.MODES``); for
-each micro-batch of images, :func:`jagg_core.group_backward` accumulates each group's gradient. Per-step losses are scaled so that the
-accumulated gradient is that of ``mean_images mean_steps L_j`` over the chunk, whatever the method, micro-batching or
-number of processes. The trainer differs between methods only in the ``mode`` handed to ``group_backward``.
+each micro-batch of images, :func:`jagg_core.group_backward` accumulates each group's gradient. Per-step losses are
+scaled so that the accumulated gradient is that of ``mean_images mean_steps L_j`` over the chunk, whatever the method,
+micro-batching or number of processes. The trainer differs between methods only in the ``mode`` handed to
+``group_backward``. What every update of a run shares (the policy, the method, the sample and train sections, the
+gradient sync, the autocast) is one :class:`UpdateContext`, built once per run.
 """
 
 from __future__ import annotations
@@ -18,20 +20,37 @@ import torch
 
 from ..setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
-from ..jagg import Group, group_backward, plan_groups
+from ..jagg import Group, group_backward
 from ..loss import kernel_kl, ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
-from .distributed import GradSync
+from .distributed import GradSync, NoSync
 from .rollout import Trajectory
 
-__all__ = ["StepFns", "UpdateStats", "plan_update", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
+__all__ = ["StepFns", "UpdateContext", "UpdateStats", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
 
 
 def _clock(like: torch.Tensor) -> float:
     if like.is_cuda:  # kernels are asynchronous: wait for them so the time is the reference forward's own
         torch.cuda.synchronize(like.device)
     return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class UpdateContext:
+    """What every update of one run shares; the trainer builds it once per run, the benchmark once per method.
+
+    ``method`` gives the mode, the window, the anchors and the variant (:func:`trajectory_fidelity` reads its window,
+    anchors and variant too); ``sync`` is only used by :func:`accumulate_gradients` (the last group of an optimizer
+    step's chunk starts the gradient sync); ``autocast`` wraps every policy forward.
+    """
+
+    policy: Policy
+    method: ResolvedMethod
+    sample: SampleConfig
+    train: TrainConfig
+    sync: GradSync = field(default_factory=NoSync)
+    autocast: Callable[[], object] = contextlib.nullcontext
 
 
 @dataclass
@@ -56,14 +75,6 @@ class UpdateStats:
             self.extras.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
 
-def plan_update(traj: Trajectory, method: ResolvedMethod, sample: SampleConfig, jagg_frac: float,
-                generator: torch.Generator) -> list[Group]:
-    """The groups trained this iteration (DanceGRPO's timestep_fraction picks whole groups)."""
-    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
-    return plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
-                       generator=generator)
-
-
 class StepFns(NamedTuple):
     """The callables :func:`jagg_core.group_backward` takes for one group of steps, over one set of image rows."""
 
@@ -71,35 +82,34 @@ class StepFns(NamedTuple):
     velocity_batch: Callable[[Sequence[int]], list[torch.Tensor]]  # [j, ...] -> [v_j, ...] in one policy call
     step_loss: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict]]  # (j, v) -> (scaled L_j, diagnostics)
     middle_velocity: Callable[[int], torch.Tensor | None]  # j -> the rollout's own v_j, if it was kept
+    kl_ref_seconds: Callable[[], float]  # () -> seconds step_loss spent so far in train/kl_ref's reference forwards
 
 
 def make_step_fns(
-    policy: Policy,
+    ctx: UpdateContext,
     traj: Trajectory,
     images: torch.Tensor,
     advantages: torch.Tensor,
     steps: Sequence[int],
     *,
-    sample: SampleConfig,
-    train: TrainConfig,
     scale: float,
-    autocast: Callable[[], object],
     kl_ref: bool = False,
-    kl_ref_seconds: list[float] | None = None,
 ) -> StepFns:
     """The :class:`StepFns` of the group ``steps`` for the image rows ``images``.
 
     ``kl_ref``: also report ``kl_ref``, KL(policy ‖ reference) of the group's two endpoint steps (the steps whose
     graphs JAGG keeps, the same steps whatever the method; the β term's KL, :func:`kernel_kl`), under no_grad from one
     reference forward on the step's stored inputs (none more when β > 0: then every step's β-term KL is reported);
-    that forward's seconds are appended to ``kl_ref_seconds`` when β = 0 (the trainer keeps them out of the update's
-    time, which the methods' speed comparison reads).
+    at β = 0 that forward's seconds add up in the returned ``kl_ref_seconds()`` (the trainer keeps them out of the
+    update's time, which the methods' speed comparison reads).
     """
+    policy, sample, train, autocast = ctx.policy, ctx.sample, ctx.train, ctx.autocast
     embeds = traj.image_embeds(images)
     n = len(images)
     device = policy.device
     latents = traj.latents[images]  # (n, T + 1, *latent)
     adv = advantages[images].to(device)
+    kl_seconds = 0.0
 
     def inputs(j: int):
         step = steps[j]
@@ -117,6 +127,7 @@ def make_step_fns(
         return list(v.split(n))
 
     def step_loss(j: int, v: torch.Tensor):
+        nonlocal kl_seconds
         step = steps[j]
         z = latents[:, step].to(device)
         nxt = latents[:, step + 1].to(device)
@@ -133,8 +144,8 @@ def make_step_fns(
                 ref_mean = sde_step_with_logprob(z, v_ref, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
                                                  noise_level=sample.noise_level, kind=sample.sde_kind,
                                                  prev_sample=nxt).mean
-            if train.beta == 0 and kl_ref_seconds is not None:
-                kl_ref_seconds.append(_clock(z) - t0)
+            if train.beta == 0:
+                kl_seconds += _clock(z) - t0
         out = ppo_step_loss(res.log_prob, traj.log_probs[images, step].to(device), adv, clip_range=train.clip_range,
                             mean=res.mean, ref_mean=ref_mean, std=res.std, beta=train.beta)
         extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
@@ -146,45 +157,40 @@ def make_step_fns(
         v = traj.velocities.get(steps[j])
         return None if v is None else v[images].to(device)
 
-    return StepFns(velocity, velocity_batch, step_loss, middle_velocity)
+    return StepFns(velocity, velocity_batch, step_loss, middle_velocity, lambda: kl_seconds)
 
 
 def accumulate_gradients(
-    policy: Policy,
+    ctx: UpdateContext,
     traj: Trajectory,
     advantages: torch.Tensor,
     rows: torch.Tensor,
     groups: Sequence[Group],
-    method: ResolvedMethod,
     *,
-    sample: SampleConfig,
-    train: TrainConfig,
-    sync: GradSync,
     reuse: bool,
-    autocast: Callable[[], object],
     measure_kl_ref: bool = True,
 ) -> UpdateStats:
     """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
 
     With ``train.kl_ref``, ``measure_kl_ref`` (the trainer's cadence, ``train.kl_ref_every``; at β > 0 the loss's KL
     is reported whatever it says) and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze)
-    each group's endpoint steps also report ``kl_ref`` (:func:`make_step_fns`).
+    each group's endpoint steps also report ``kl_ref`` (:func:`make_step_fns`); the seconds of its reference forwards
+    (β = 0) are the returned ``kl_ref_seconds``.
 
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
     the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
     """
+    method, train, sync = ctx.method, ctx.train, ctx.sync
     stats = UpdateStats()
     n_steps = sum(len(g.steps) for g in groups)
     local = len(rows)
-    kl_ref = train.kl_ref and (measure_kl_ref or train.beta > 0) and policy.has_reference()
-    kl_seconds: list[float] = []
+    kl_ref = train.kl_ref and (measure_kl_ref or train.beta > 0) and ctx.policy.has_reference()
+    kl_seconds = 0.0
     micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
     for m, mb in enumerate(micro):
         for k, g in enumerate(groups):
             sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
-            fns = make_step_fns(policy, traj, mb, advantages, g.steps, sample=sample, train=train,
-                                scale=len(mb) / local / n_steps, autocast=autocast, kl_ref=kl_ref,
-                                kl_ref_seconds=kl_seconds)
+            fns = make_step_fns(ctx, traj, mb, advantages, g.steps, scale=len(mb) / local / n_steps, kl_ref=kl_ref)
             gs = group_backward(
                 fns.velocity, fns.step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
                 anchors=method.anchors,
@@ -193,34 +199,24 @@ def accumulate_gradients(
                 before_backward=sync.before_backward,
             )
             stats.add(gs)
-    stats.kl_ref_seconds = sum(kl_seconds)
+            kl_seconds += fns.kl_ref_seconds()
+    stats.kl_ref_seconds = kl_seconds
     return stats
 
 
-def trajectory_fidelity(
-    policy: Policy,
-    traj: Trajectory,
-    advantages: torch.Tensor,
-    rows: torch.Tensor,
-    *,
-    window: int,
-    anchors: int = 2,
-    variant: str = "joint",
-    sample: SampleConfig,
-    train: TrainConfig,
-    autocast: Callable[[], object] = contextlib.nullcontext,
-) -> FidelityReport:
+def trajectory_fidelity(ctx: UpdateContext, traj: Trajectory, advantages: torch.Tensor,
+                        rows: torch.Tensor) -> FidelityReport:
     """cos(JAGG, exact) and cos(ablate, exact) per group position on the image ``rows`` of a stored rollout.
 
-    Each step's loss at its own scale; the parameters' gradients are left as they were. Shared by the trainer's
-    fidelity monitor and the benchmark.
+    The groups are ``ctx.method``'s (its window, anchors and variant). Each step's loss at its own scale; the
+    parameters' gradients are left as they were. Shared by the trainer's fidelity monitor and the benchmark.
     """
     steps = traj.train_steps
+    method = ctx.method
 
     def fns(i: int) -> StepFns:
-        return make_step_fns(policy, traj, rows, advantages, [steps[i]], sample=sample, train=train, scale=1.0,
-                             autocast=autocast)
+        return make_step_fns(ctx, traj, rows, advantages, [steps[i]], scale=1.0)
 
-    return gradient_fidelity(policy.trainable_parameters(), lambda i: fns(i).velocity(0),
-                             lambda i, v: fns(i).step_loss(0, v), traj.timesteps[steps], window, anchors=anchors,
-                             variant=variant)
+    return gradient_fidelity(ctx.policy.trainable_parameters(), lambda i: fns(i).velocity(0),
+                             lambda i, v: fns(i).step_loss(0, v), traj.timesteps[steps], method.window,
+                             anchors=method.anchors, variant=method.variant)

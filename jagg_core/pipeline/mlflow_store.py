@@ -1,0 +1,83 @@
+"""The MLflow store under :mod:`jagg_core.pipeline.tracking`: where it is, how a first SQLite store is created by one
+process, and what its failures say to the user (one sentence each, credentials redacted)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+from ..setup.redact import redact
+from ..errors import UserError
+
+__all__ = ["TrackingError", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock", "store_failure"]
+
+
+class TrackingError(UserError, RuntimeError):
+    """The tracking store cannot be used; the message is for the user."""
+
+
+def resolve_uri(uri: str, root: str | os.PathLike) -> str:
+    """Relative ``sqlite:///x.db`` paths are taken relative to the repository root and made absolute."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix):].startswith("/"):
+        return prefix + str((Path(root) / uri[len(prefix):]).resolve())
+    return uri
+
+
+@contextlib.contextmanager
+def store_creation_lock(uri: str) -> Iterator[None]:
+    """For a SQLite store, an exclusive lock beside the database while a process opens it: the first creates the
+    tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def shown(uri: str) -> str:
+    """The store's URI as it may be printed: credentials in it redacted (``http://user:***@host/``)."""
+    return redact(uri)
+
+
+def check_sqlite_store(uri: str) -> None:
+    """A SQLite store that is a folder, or a file that is not a SQLite database, is one sentence before MLflow opens
+    it (MLflow would answer with a long SQLAlchemy traceback)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    if db.is_dir():
+        raise TrackingError(f"the MLflow store {db} is a folder, not a SQLite file; move it aside or set "
+                            f"tracking.mlflow_uri to another file.")
+    if db.is_file() and db.stat().st_size:
+        with open(db, "rb") as f:
+            header = f.read(16)
+        if header != b"SQLite format 3\x00":
+            raise TrackingError(f"the MLflow store {db} is not a SQLite database (damaged?); move it aside "
+                                f"(mv {db} {db}.damaged) to start a fresh store, or set tracking.mlflow_uri.")
+
+
+def store_failure(uri: str, what: str, e: BaseException) -> str:
+    """One sentence for a store that failed every retry: what it is, which store, and the fix."""
+    text = " ".join(str(e).split())
+    if uri.startswith("sqlite:///"):
+        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
+        if "locked" in text:
+            return (f"the MLflow store {db} cannot {what}: another process holds it locked; stop that process (or "
+                    f"wait for it) and run again.")
+        if "malformed" in text or "not a database" in text:
+            return (f"the MLflow store {db} is damaged ({type(e).__name__}); move it aside (mv {db} {db}.damaged) to "
+                    f"start a fresh store, or set tracking.mlflow_uri.")
+    detail = redact(text[:200])
+    return (f"the MLflow store {shown(uri)} cannot {what} ({type(e).__name__}: {detail}); check "
+            f"tracking.mlflow_uri or start the server.")
