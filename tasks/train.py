@@ -103,14 +103,13 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
     prompts = read_prompts(lay.train_prompts)
     if not params.is_toy:
         return
-    from jagg_core.world import parse_prompt
+    from jagg_core.world import parse_prompt, shown_prompt
 
     for n, prompt in enumerate(prompts, 1):
         try:
             parse_prompt(prompt)
         except ValueError:
-            shown = repr(prompt[:60]) + (f"… ({len(prompt)} characters)" if len(prompt) > 60 else "")
-            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown} is not a prompt of the toy world's "
+            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy world's "
                                   f"grammar; regenerate the file with `jagg prepare`.") from None
 
 

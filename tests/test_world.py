@@ -28,6 +28,7 @@ from jagg_core.world import (
     sample_spec,
     sample_training_pair,
     scene_for_prompt,
+    shown_prompt,
     templates,
     vocabulary,
     write_prompt_splits,
@@ -112,6 +113,12 @@ def test_parse_errors_are_one_clear_sentence(prompt, fragment):
         parse_prompt(prompt)
     message = str(err.value)
     assert fragment in message and message.startswith(repr(prompt)) and _one_sentence(message), message
+
+
+def test_a_prompt_in_an_error_is_shown_whole_when_short_and_cut_with_its_length_when_long():
+    assert shown_prompt("a red circle") == "'a red circle'"
+    assert shown_prompt("x" * 60) == repr("x" * 60)
+    assert shown_prompt("a " * 5000) == repr(("a " * 5000)[:60]) + "… (10,000 characters)"
 
 
 def test_round_trip_and_vocabulary_cover_prompts_and_noisy_captions():

@@ -100,15 +100,14 @@ def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> d
     image is generated, one sentence naming the style and the prompt, shown cut (a 10 MB prompt is not echoed)."""
     if not any(name.startswith("toy_") for name in [*params.eval.metrics, *params.reward.weights]):
         return groups
-    from ..world import parse_prompt
+    from ..world import parse_prompt, shown_prompt
 
     for style, prompts in groups.items():
         for n, prompt in enumerate(prompts):
             try:
                 parse_prompt(prompt)
             except ValueError:
-                shown = repr(prompt[:60]) + (f"… ({len(prompt):,} characters)" if len(prompt) > 60 else "")
-                raise EvalError(f"{source}/benchmark/{style}.json: prompt {n} {shown} is not a prompt of the toy "
+                raise EvalError(f"{source}/benchmark/{style}.json: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
                                 f"world's grammar; regenerate the test set with `jagg prepare`.") from None
     return groups
 

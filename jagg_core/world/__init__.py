@@ -11,7 +11,7 @@ pairs for pretraining. The toy rewards (:mod:`jagg_core.rewards.toy`) score imag
 - :mod:`.splits`: train/test prompt splits in the HPSv2.1 benchmark layout.
 """
 
-from .grammar import caption, parse_prompt, vocabulary
+from .grammar import caption, parse_prompt, shown_prompt, vocabulary
 from .render import cell_boxes, object_mask, render, templates
 from .sample import (
     CORRUPTIONS,
@@ -66,6 +66,7 @@ __all__ = [
     "sample_prompt",
     "sample_spec",
     "sample_training_pair",
+    "shown_prompt",
     "scene_for_prompt",
     "templates",
     "validate_style",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .scene import BACKGROUNDS, CELLS, COLORS, NUMBERS, PLURALS, RELATIONS, SHAPES, SIZES, ObjectSpec, PromptSpec
 
-__all__ = ["caption", "parse_prompt", "vocabulary"]
+__all__ = ["caption", "parse_prompt", "shown_prompt", "vocabulary"]
 
 _SINGULAR = {plural: shape for shape, plural in PLURALS.items()}
 
@@ -144,6 +144,12 @@ class _Parser:
         if self.pos != len(self.words):
             self.fail("the end of the prompt")
         return PromptSpec(family=family, objects=objects, relation=relation, background=background)
+
+
+def shown_prompt(prompt: str, limit: int = 60) -> str:
+    """``prompt`` quoted for an error sentence, cut after ``limit`` characters with its length (a 10 MB prompt is not
+    echoed)."""
+    return repr(prompt[:limit]) + (f"… ({len(prompt):,} characters)" if len(prompt) > limit else "")
 
 
 def parse_prompt(prompt: str) -> PromptSpec:
