@@ -539,6 +539,23 @@ def test_a_test_prompt_outside_the_toy_grammar_is_one_short_sentence(prompt, tmp
     assert "toy world's grammar" in text and "anime.json: prompt 0" in text
 
 
+def test_a_test_list_prompt_outside_the_toy_grammar_names_the_test_list(tmp_path):
+    """eval.protocol hpdv2-test reads test.json: its sentence names that file, not a benchmark style's."""
+    import json
+
+    from jagg_core.evaluation.evaluate import EvalError, test_prompts
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "ci", {"eval.protocol": "hpdv2-test"})
+    lay = Layout(tmp_path, "ci")
+    lay.prompts.mkdir(parents=True)
+    (lay.prompts / "test.json").write_text(json.dumps([{"prompt": "a red circle"}, {"prompt": "a cat on a mat"}]))
+    with pytest.raises(EvalError) as e:
+        test_prompts(params, lay)
+    text = _one_sentence(e.value)
+    assert f"{lay.prompts / 'test.json'}: prompt 1 'a cat on a mat'" in text and "benchmark" not in text
+
+
 # --- item 17: export cleans up after itself -----------------------------------------------------------------------
 
 

@@ -107,7 +107,10 @@ def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> d
             try:
                 parse_prompt(prompt)
             except ValueError:
-                raise EvalError(f"{source}/benchmark/{style}.json: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
+                where = Path(source) / "benchmark" / f"{style}.json"
+                if params.eval.protocol == "hpdv2-test":  # one group, read from test.json (or a file named so)
+                    where = Path(source) if Path(source).is_file() else Path(source) / "test.json"
+                raise EvalError(f"{where}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
                                 f"world's grammar; regenerate the test set with `jagg prepare`.") from None
     return groups
 

@@ -198,7 +198,7 @@ def _forward_notes(params: Params, rows: list[dict[str, Any]], n_gpus: int) -> l
         ref = f"β = {train.beta:g}: the loss's KL, one per trained step, every iteration (in the update)"
     elif train.kl_ref:
         ref = (f"β = 0: train/kl_ref's diagnostic, one at each group's two endpoint steps at "
-               f"{first.get('kl_ref_runs', 0):.0f} of {n} iterations (every {train.kl_ref_every}th and the first), "
+               f"{first.get('kl_ref_runs', 0):.0f} of {n} iterations ({_cadence(train.kl_ref_every)}), "
                "amortised (in diag)")
     else:
         ref = "none (β = 0, train.kl_ref off)"
@@ -373,3 +373,7 @@ def implied_utilisation(p: dict[str, Any], seconds: float, what: str = "iteratio
     flop = base[f"{what}_pflop"] * 1e15
     return flop / (seconds * p["gpus"] * GPUS["H100"]["peak_tflops"] * 1e12)
 
+
+def _cadence(every: int) -> str:
+    """Which iterations a diagnostic measured every ``every`` runs at: the first, then every ``every``-th after it."""
+    return "every one" if every == 1 else f"iterations 1, {1 + every}, {1 + 2 * every}, …"

@@ -288,8 +288,8 @@ class TrainConfig(_Section):
     beta: float = Field(0.0, ge=0, description="KL coefficient (needs LoRA or a reference copy)")
     kl_ref: bool = Field(True, description="log train/kl_ref, KL(policy || reference) at each group's two endpoint "
                          "steps, even at beta 0 (a no-grad reference forward each; a full fine-tune keeps a frozen copy)")
-    kl_ref_every: int = Field(8, ge=1, description="at beta 0, measure train/kl_ref every N iterations (and at the "
-                              "first); at beta > 0 the loss's KL is logged every iteration")
+    kl_ref_every: int = Field(8, ge=1, description="at beta 0, measure train/kl_ref every N iterations, from the "
+                              "first (1, 1 + N, …); at beta > 0 the loss's KL is logged every iteration")
     inner_epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     optimizer_steps_per_epoch: int = Field(1, ge=1, description="optimizer steps per pass (batch split evenly)")
     micro_batch: int = Field(64, ge=1, le=65536, description="images per forward in the update, per process")

@@ -1,8 +1,10 @@
 """Fault injection at named points of the trainer, for the reliability tests (inactive unless ``JAGG_FAULT`` is set).
 
-``JAGG_FAULT="<point>@<iteration>:<action>"`` (several separated by ``,``): at ``point`` (``rollout``, ``reward``,
-``update``, ``checkpoint``) of iteration ``iteration`` (1-based), do ``action``: ``kill`` (SIGKILL this process),
-``oserror`` (raise ENOSPC, as a full disk), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN).
+``JAGG_FAULT="<point>@<iteration>:<action>"`` (several separated by ``,``): at ``point`` of iteration ``iteration``
+(1-based) do ``action``. The points: the trainer's ``rollout``, ``reward``, ``update`` and ``checkpoint``, and the
+launcher's ``run_created`` (``tasks/train.py``, iteration 0: once the MLflow run exists, before any worker starts).
+The actions: ``kill`` (SIGKILL this process), ``oserror`` (raise ENOSPC, as a full disk), ``term`` (SIGTERM this
+process), ``nan`` (the caller poisons its value with NaN).
 
 The training recipe's points are hooks (:data:`TRAINER_FAULTS`, called by ``jagg_core/trainer/loop.py`` at its named
 points), so that what a fault does to the recipe's values is written here, not in the recipe.

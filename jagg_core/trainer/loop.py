@@ -193,7 +193,7 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
     # where every rank must run the same collectives).
     rows = torch.arange(traj.batch_size) if r.sync.sharded else torch.nonzero(advantages != 0).flatten()
     metrics["train/kept_fraction"] = len(rows) / traj.batch_size
-    if finite and not r.said_no_signal and not bool((all_adv != 0).any()):
+    if r.main and finite and not r.said_no_signal and not bool((all_adv != 0).any()):
         r.said_no_signal = True
         means = ", ".join(f"{k} {float(v.mean()):.4f}" for k, v in parts.items())
         log.warning("iteration %d: every group's images earned equal rewards (mean %s), so no image has an advantage "
@@ -217,8 +217,8 @@ def _route(r: RunState, ctx: UpdateContext, it: int, scored: _Scored, metrics: d
     The one place where ``methods.<name>.jagg_frac`` becomes the routing's number (kept in ``r.jagg_frac`` for the
     checkpoint and the next iteration): a number as configured; ``'auto'`` the fidelity curve's reading at the first
     iteration (and every ``auto_every``), else the last reading; under FSDP, where the curve cannot be measured,
-    :data:`AUTO_FALLBACK_JAGG_FRAC` until a reading exists; 0.0 while no rollout could be read (e.g. all-zero
-    advantages: conservative).
+    :data:`AUTO_FALLBACK_JAGG_FRAC` until a reading exists; 0.0 when the first reading finds no rollout it could read
+    (e.g. all-zero advantages: conservative), kept until the next ``auto_every`` reading (none with ``auto_every: 0``).
     """
     method, tcfg = r.method, r.params.train
     traj, advantages, rows, finite = scored

@@ -38,7 +38,7 @@ def _clock(like: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class UpdateContext:
-    """What every update of one run shares; the trainer builds it once per run, the benchmark once per method.
+    """What every update of one run shares; the trainer builds it once per run, the benchmark once per timed update.
 
     ``method`` gives the mode, the window, the anchors and the variant (:func:`trajectory_fidelity` reads its window,
     anchors and variant too); ``sync`` is only used by :func:`accumulate_gradients` (the last group of an optimizer
