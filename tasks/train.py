@@ -109,8 +109,8 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
         try:
             parse_prompt(prompt)
         except ValueError:
-            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy world's "
-                                  f"grammar; regenerate the file with `jagg prepare`.") from None
+            raise PromptFileError(f"{lay.train_prompts}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
+                                  f"world's grammar; regenerate the file with `jagg prepare`.") from None
 
 
 def _failure(run: str, rc: int, tail: deque) -> TrainingError:

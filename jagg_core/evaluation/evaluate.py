@@ -108,7 +108,7 @@ def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> d
                 parse_prompt(prompt)
             except ValueError:
                 where = Path(source) / "benchmark" / f"{style}.json"
-                if params.eval.protocol == "hpdv2-test":  # one group, read from test.json (or a file named so)
+                if params.eval.protocol == "hpdv2-test":  # one group, from test.json (eval.benchmark may name that file)
                     where = Path(source) if Path(source).is_file() else Path(source) / "test.json"
                 raise EvalError(f"{where}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
                                 f"world's grammar; regenerate the test set with `jagg prepare`.") from None
