@@ -41,7 +41,7 @@ from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from .conventions import evaluation_conventions
-from .protocols import apply_protocol, load_hpdv2_test
+from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
 
 __all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
 
@@ -86,18 +86,20 @@ def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
         if params.is_toy and not ev.benchmark and not (Path(source) / "test.json").is_file():
             raise EvalError(f"no test list {source}/test.json; run the prepare stage (`jagg prepare`).")
         groups = load_hpdv2_test(source, subset=ev.subset)
-        return _toy_grammar(groups, source, params) if params.is_toy else groups
+        return _toy_grammar(groups, lambda _: hpdv2_test_path(source), params) if params.is_toy else groups
     if params.is_toy:
         styles = sorted(p.stem for p in (Path(source) / "benchmark").glob("*.json")) if Path(source).is_dir() else []
         if not styles:
             raise EvalError(f"no test prompts under {source}/benchmark; run the prepare stage (`jagg prepare`).")
-        return _toy_grammar(load_hps_benchmark(source, styles=styles, subset=ev.subset), source, params)
+        groups = load_hps_benchmark(source, styles=styles, subset=ev.subset)
+        return _toy_grammar(groups, lambda style: Path(source) / "benchmark" / f"{style}.json", params)
     return load_hps_benchmark(source, subset=ev.subset)
 
 
-def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> dict[str, list[str]]:
+def _toy_grammar(groups: dict[str, list[str]], file_of: Callable[[str], Path], params: Params) -> dict[str, list[str]]:
     """On the toy world every test prompt must be one of its grammar (the toy rewards parse it): checked before any
-    image is generated, one sentence naming the style and the prompt, shown cut (a 10 MB prompt is not echoed)."""
+    image is generated, one sentence naming the file a group was read from (``file_of(style)``) and the prompt, shown
+    cut (a 10 MB prompt is not echoed)."""
     if not any(name.startswith("toy_") for name in [*params.eval.metrics, *params.reward.weights]):
         return groups
     from ..world import parse_prompt, shown_prompt
@@ -107,10 +109,7 @@ def _toy_grammar(groups: dict[str, list[str]], source: Any, params: Params) -> d
             try:
                 parse_prompt(prompt)
             except ValueError:
-                where = Path(source) / "benchmark" / f"{style}.json"
-                if params.eval.protocol == "hpdv2-test":  # one group, from test.json (eval.benchmark may name that file)
-                    where = Path(source) if Path(source).is_file() else Path(source) / "test.json"
-                raise EvalError(f"{where}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
+                raise EvalError(f"{file_of(style)}: prompt {n} {shown_prompt(prompt)} is not a prompt of the toy "
                                 f"world's grammar; regenerate the test set with `jagg prepare`.") from None
     return groups
 

@@ -31,8 +31,8 @@ from typing import Any, Mapping, Sequence
 
 from ..setup.storage import PromptFileError, read_prompt_json
 
-__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "load_hpdv2_test",
-           "protocol_forms", "read_test_list"]
+__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "hpdv2_test_path",
+           "load_hpdv2_test", "protocol_forms", "read_test_list"]
 
 PROTOCOLS = ("hpdv2-benchmark", "hpdv2-test")
 HPDV2_MIRRORS = ("zhwang/HPDv2", "ymhao/HPDv2")  # the same files; hpsv2's own code reads the first
@@ -83,14 +83,20 @@ def load_hpdv2_test(source: str | Path | None = None, *, subset: int | None = No
             raise FileNotFoundError(f"the HPDv2 test list test.json is not in the local Hugging Face cache: "
                                     f"{_hint()}.")
     else:
-        path = Path(source).expanduser()
-        if path.is_dir():
-            path = path / "test.json"
-        elif not path.exists():
-            raise FileNotFoundError(f"the HPDv2 folder {str(source)!r} does not exist: {_hint()}.")
-        if not path.is_file():
-            raise FileNotFoundError(f"the HPDv2 test list {path} does not exist: {_hint()}.")
+        path = hpdv2_test_path(source)
     return {TEST_GROUP: read_test_list(path)[:subset]}
+
+
+def hpdv2_test_path(source: str | Path) -> Path:
+    """The HPDv2 test list a local ``source`` names: a folder's ``test.json``, or the file itself."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        path = path / "test.json"
+    elif not path.exists():
+        raise FileNotFoundError(f"the HPDv2 folder {str(source)!r} does not exist: {_hint()}.")
+    if not path.is_file():
+        raise FileNotFoundError(f"the HPDv2 test list {path} does not exist: {_hint()}.")
+    return path
 
 
 def _mean(xs: Sequence[float]) -> float:
