@@ -1,12 +1,13 @@
 """One cell of the toy RL study (docs/toy_rl.md): train a method from the shared toy base model with some params
-overridden, evaluate its checkpoints on the test split, and append one JSON line of results.
+overridden, evaluate its checkpoints on the validation split (a study chooses; the test split, which results report,
+is never looked at here), and append one JSON line of results.
 
     python scripts/toy_rl_study.py --name lr3e-4 --method baseline --seed 0 --set train.lr=3e-4 \
         --out docs/toy_rl/runs.jsonl
 
 Each cell trains in ``<study-root>/<name>/`` (its own prompts when ``world`` params change; the base model is the
 main profile's ``models/toy/base``, linked, never retrained), so cells never share checkpoints. It records the test
-``toy_fidelity`` of the base model and of every retained checkpoint, the rollout reward on the training prompts
+``toy_fidelity`` of the base model and of every retained checkpoint on validation, the rollout reward on the training prompts
 (first and last quarter of the iterations), the PPO diagnostics (approx_kl, clipfrac, grad norm) and the update time.
 """
 
@@ -61,14 +62,15 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     overrides = parse_overrides(args.overrides)
     overrides.setdefault("tracking.mlflow_uri", "sqlite:///" + str(Path(args.study_root) / "mlflow.db"))
+    overrides["eval.split"] = "validation"  # choices are made on validation, never on the test split
     params = load_params(ROOT / "params.yaml", args.profile, overrides)
     main_layout = Layout(ROOT, params.profile)
     root = Path(args.study_root) / args.name
-    lay = Layout(root, params.profile)
+    lay = Layout.of(params, root)
     if not lay.train_prompts.exists():
         w = params.world
-        train_prompts, test = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style)
-        write_prompt_splits(lay.prompts, train_prompts, test)
+        splits = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style, w.n_validation_per_style)
+        write_prompt_splits(lay.prompts, *splits)
     if not lay.base_model.exists():
         lay.base_model.parent.mkdir(parents=True, exist_ok=True)
         lay.base_model.symlink_to(main_layout.base_model.resolve())

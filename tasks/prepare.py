@@ -1,6 +1,7 @@
 """Stage `prepare`: the prompt sets — train.jsonl and the test set as benchmark/<style>.json and/or test.json.
 
-The toy profile generates both from the world's grammar (its test split in both layouts); real profiles copy their
+The toy profile generates them from the world's grammar (its test split in both layouts, its validation split the
+same way under validation/); real profiles copy their
 training prompts (``data.train_prompts``) and the test set of ``eval.protocol`` -- HPDv2's benchmark/ or its test.json
 (``eval.benchmark`` or the HF cache) -- into the same layout, so every later stage reads one format.
 """
@@ -26,8 +27,8 @@ def prepare(params: Params, lay: Layout) -> dict:
         from jagg_core.world import make_prompt_splits, write_prompt_splits
 
         w = params.world
-        train, test = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style)
-        write_prompt_splits(lay.prompts, train, test)
+        train, test, validation = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style, w.n_validation_per_style)
+        write_prompt_splits(lay.prompts, train, test, validation)
     else:
         from jagg_core.evaluation import load_hps_benchmark
         from jagg_core.evaluation.protocols import load_hpdv2_test
@@ -55,7 +56,10 @@ def prepare(params: Params, lay: Layout) -> dict:
             for style, prompts in test.items():
                 atomic_write_text(lay.benchmark / f"{style}.json", json.dumps(prompts, indent=1) + "\n")
     summary = {"train": len(train), "test": {s: len(p) for s, p in test.items()}, "dir": str(lay.prompts)}
-    log.info("prompts: %d train, test %s -> %s", summary["train"], summary["test"], lay.prompts)
+    if params.is_toy and validation:
+        summary["validation"] = {s: len(p) for s, p in validation.items()}
+    log.info("prompts: %d train, test %s%s -> %s", summary["train"], summary["test"],
+             f", validation {summary['validation']}" if "validation" in summary else "", lay.prompts)
     return summary
 
 

@@ -30,8 +30,18 @@ def _same_recipe(card_path, params: Params) -> bool:
         card = json.loads(card_path.read_text())
     except (OSError, ValueError):
         return False
-    want = json.loads(json.dumps({"pretrain": params.pretrain.model_dump(), "world": params.world.model_dump()}))
-    return isinstance(card, dict) and all(card.get(k) == v for k, v in want.items())
+    want = json.loads(json.dumps({"pretrain": params.pretrain.model_dump(), "world": _pretrain_world(params)}))
+    return isinstance(card, dict) and isinstance(card.get("world"), dict) and card.get("pretrain") == want["pretrain"] \
+        and all(card["world"].get(k) == v for k, v in want["world"].items())
+
+
+# The world params pretraining reads: the image size, and the seed and size of the split it holds out (the number of
+# training prompts and of test prompts leave the base untouched, so changing them keeps a saved base).
+PRETRAIN_WORLD_KEYS = ("image_size", "seed", "n_validation_per_style")
+
+
+def _pretrain_world(params: Params) -> dict:
+    return {k: getattr(params.world, k) for k in PRETRAIN_WORLD_KEYS}
 
 
 SHIPPED_BASE = Path(__file__).resolve().parents[1] / "assets" / "toy-base"
@@ -108,11 +118,15 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     from jagg_core.evaluation import load_hps_benchmark
     from jagg_core.pipeline.pretrain import pretrain_toy
 
-    styles = sorted(p.stem for p in lay.benchmark.glob("*.json"))
+    # Pretraining never sees the validation split: the world's first held-out split, which the shipped base was made
+    # without (docs/toy_world.md, "Splits"); a world without one holds its test split out instead.
+    held_out = lay.validation_prompts if params.world.n_validation_per_style else lay.prompts
+    styles = sorted(p.stem for p in (held_out / "benchmark").glob("*.json"))
     if not styles:
-        raise FileNotFoundError(f"no test prompts under {lay.benchmark}; run the prepare stage first (`jagg prepare`).")
-    test = load_hps_benchmark(lay.prompts, styles=styles)
-    card = pretrain_toy(params, lay.base_model, exclude={p for ps in test.values() for p in ps}, progress=progress,
+        raise FileNotFoundError(f"no held-out prompts under {held_out / 'benchmark'}; run the prepare stage first "
+                                f"(`jagg prepare`).")
+    excluded = load_hps_benchmark(held_out, styles=styles)
+    card = pretrain_toy(params, lay.base_model, exclude={p for ps in excluded.values() for p in ps}, progress=progress,
                         report=log.info)
     log.info("pretrained toy-flux: %d steps in %.0f s, loss %.4f -> %s", card["steps"], card["wall_seconds"],
              card["final_loss"], lay.base_model)

@@ -206,7 +206,8 @@ def test_wrong_count_and_omission_corruptions():
 
 
 def test_splits_are_disjoint_and_round_trip(tmp_path):
-    train, test = make_prompt_splits(0, 300, 40)
+    train, test, validation = make_prompt_splits(0, 300, 40)
+    assert validation == {}
     assert len(train) == len(set(train)) == 300 and list(test) == list(FAMILIES)
     for style, prompts in test.items():
         assert len(set(prompts)) == 40 and all(parse_prompt(p).family == style for p in prompts)
@@ -220,6 +221,29 @@ def test_splits_are_disjoint_and_round_trip(tmp_path):
     assert listed == [{"prompt": p, "style": s} for s in sorted(test) for p in test[s]]
     names = sorted(p.name for p in (tmp_path / "prompts").rglob("*"))
     assert names == sorted(["train.jsonl", "test.json", "benchmark", *(f"{s}.json" for s in FAMILIES)])  # no temp files
+
+
+def test_validation_split_is_the_first_draw_and_test_comes_after_train(tmp_path):
+    """The validation split is drawn first (the world's only held-out split when the shipped base was made: the base
+    was pretrained without it, and the recipe was chosen on it), then train, then test from prompts in neither; the
+    pinned prompts are the ones of the world the shipped base and every earlier result come from."""
+    train, test, validation = make_prompt_splits(0, 32, 128, 32)
+    assert train[:2] == ["a small purple square right of a small yellow cross on a gray background",
+                         "a red triangle above a small green triangle on a black background"]
+    assert validation["single"][:2] == ["a large blue cross at the top right", "a green cross"]
+    assert validation["scene"][-1] == "a small red triangle at the left and a large red circle at the center on a " \
+                                      "black background"
+    assert all(len(v) == 32 for v in validation.values())
+    assert all(len(v) == 128 and len(set(v)) == 128 for v in test.values())
+    held_test, held_val = set().union(*test.values()), set().union(*validation.values())
+    assert not held_test & held_val and not held_test & set(train) and not held_val & set(train)
+    assert make_prompt_splits(0, 32, 64, 32).train == train  # the size of test changes no other split
+    write_prompt_splits(tmp_path / "p", train, test, validation)
+    assert read_benchmark(tmp_path / "p" / "validation" / "benchmark") == validation
+    assert read_benchmark(tmp_path / "p" / "benchmark") == test
+    with pytest.raises(ValueError, match="validation prompts are also in test"):
+        write_prompt_splits(tmp_path / "q", train, test, {"single": [test["single"][0]]})
+    assert not (tmp_path / "q").exists()
 
 
 @pytest.mark.parametrize(

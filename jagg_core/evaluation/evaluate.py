@@ -81,7 +81,7 @@ def test_prompts(params: Params, layout: Layout) -> dict[str, list[str]]:
     """The test set of ``eval.protocol`` by prompt group: the benchmark's styles, or the test list as one group
     ``test``; the toy's written by the prepare stage, a real profile's from ``eval.benchmark`` or the HF cache."""
     ev = params.eval
-    source = ev.benchmark if ev.benchmark else (layout.prompts if params.is_toy else None)
+    source = ev.benchmark if ev.benchmark else (layout.held_out if params.is_toy else None)
     if ev.protocol == "hpdv2-test":
         if params.is_toy and not ev.benchmark and not (Path(source) / "test.json").is_file():
             raise EvalError(f"no test list {source}/test.json; run the prepare stage (`jagg prepare`).")

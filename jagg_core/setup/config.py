@@ -204,7 +204,10 @@ class WorldConfig(_Section):
 
     image_size: int = Field(24, ge=16, le=128, description="image side in pixels (a multiple of the patch size)")
     n_train: int = Field(32, ge=1, le=1_000_000, description="training prompts")
-    n_test_per_style: int = Field(32, ge=1, le=100_000, description="test prompts per style (4 styles)")
+    n_test_per_style: int = Field(128, ge=1, le=100_000, description="test prompts per style (4 styles): the split "
+                                  "results are reported on, never used for a choice")
+    n_validation_per_style: int = Field(32, ge=0, le=100_000, description="validation prompts per style (4 styles): "
+                                        "the split studies and pilots choose on; held out of the base's pretraining")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the prompt splits")
 
 
@@ -410,6 +413,9 @@ class EvalConfig(_Section):
     metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"],
                                description="metrics scored")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
+    split: Literal["test", "validation"] = Field(
+        "test", description="the toy world's split to evaluate on: test (what results report) or validation (what "
+                            "studies choose on; evaluations go to eval-validation/)")
     num_steps: int = Field(12, ge=1, le=1000, description="ODE sampling steps")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
     batch_size: int = Field(64, ge=1, le=65536, description="images per sampling batch")
@@ -532,6 +538,9 @@ class Params(_Section):
             anchors = m.anchors or self.jagg.anchors
             if anchors > window:
                 raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
+        if self.eval.split == "validation" and not (self.model.backbone == "toy-flux" and self.world.n_validation_per_style):
+            raise ValueError("eval.split = validation needs the toy world's validation split (world.n_validation_per_style "
+                             "> 0); a real profile names its own held-out prompts in eval.benchmark")
         return self
 
     def redacted(self) -> dict[str, Any]:

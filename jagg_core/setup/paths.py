@@ -31,6 +31,7 @@ class Layout:
     root: Path
     profile: str
     outputs: str = ""
+    split: str = "test"  # eval.split: the held-out split evaluations read and write (validation: eval-validation/)
 
     def __post_init__(self) -> None:
         if not self.outputs:
@@ -38,7 +39,7 @@ class Layout:
 
     @classmethod
     def of(cls, params, root: Path) -> "Layout":  # noqa: ANN001  (Params; paths stays free of config imports)
-        return cls(Path(root), params.profile, params.outputs or params.profile)
+        return cls(Path(root), params.profile, params.outputs or params.profile, params.eval.split)
 
     @property
     def prompts(self) -> Path:
@@ -51,6 +52,16 @@ class Layout:
     @property
     def benchmark(self) -> Path:
         return self.prompts / "benchmark"
+
+    @property
+    def validation_prompts(self) -> Path:
+        """The toy world's validation split, in the test split's layout (``benchmark/``, ``test.json``)."""
+        return self.prompts / "validation"
+
+    @property
+    def held_out(self) -> Path:
+        """The prompt folder of the split evaluations read: the test split's, or validation's."""
+        return self.validation_prompts if self.split == "validation" else self.prompts
 
     @property
     def base_model(self) -> Path:
@@ -66,7 +77,7 @@ class Layout:
         return self.run_dir(run) / "curve.tsv"
 
     def eval_dir(self, run: str) -> Path:
-        return self.root / "eval" / self.outputs / run
+        return self.root / ("eval-validation" if self.split == "validation" else "eval") / self.outputs / run
 
     @property
     def report_dir(self) -> Path:
