@@ -3,6 +3,7 @@
     jagg run [--profile toy]           the reproduction flow end to end (Prefect, in-process)
     jagg prepare | pretrain | train | evaluate | report   one stage (as dvc.yaml runs them)
     jagg bench                         update-stage benchmark (exact vs JAGG vs ablate)
+    jagg speed [--profile toy]         every method's update stage timed side by side (the report's speed table)
     jagg smoke [--device cpu]          GPU smoke test: a tiny random Flux, every method 4 iterations in bf16
     jagg plan --profile flux           what a real profile's run costs (memory, FLOPs, GPU hours), before renting GPUs
     jagg export --run jagg-s0          a checkpoint as a diffusers transformer folder or a LoRA file
@@ -24,6 +25,7 @@ STAGES = {
     "report": "tasks.report",
     "run": "flows.run",
     "bench": "tasks.bench",
+    "speed": "tasks.speed",
     "smoke": "tasks.smoke",
     "plan": "tasks.plan",
     "export": "tasks.export",

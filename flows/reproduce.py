@@ -26,6 +26,7 @@ from tasks.evaluate import evaluate_task
 from tasks.prepare import prepare_task
 from tasks.pretrain import pretrain_task
 from tasks.report import report_task
+from tasks.speed import speed_task
 from tasks.train import train_task
 
 from .secrets import restore
@@ -101,6 +102,7 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     if parallel_runs == 1:
         for m, s in runs:
             evaluate_task(params, run_name(m, s), sweep)
+    speed_task(params)  # every method's update side by side, on one machine state: the report's speed table
     return {"report": report_task(params, sweep), "runs": finished}
 
 

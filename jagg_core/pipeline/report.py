@@ -22,9 +22,11 @@ from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
 from ..setup.paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
-from .report_figures import comparison_grid, mean_std, plot_curves, plot_fidelity, plot_learning, plot_stacked_bars
+from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fidelity, plot_learning, plot_per_second,
+                             plot_stacked_bars)
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
+from .report_stats import prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
 from ..setup.storage import atomic_write_text
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
@@ -257,6 +259,12 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     base_scores = {m: base["metrics"][m]["benchmark"] for m in metrics if m in base["metrics"]} if base else None
     if plot_learning(runs, metrics, base_scores, out / "learning.png", trained=list(params.reward.weights)):
         figures["test split by iteration"] = "learning.png"
+    # Beside it, the same curves against images seen and training seconds (one machine state: the `speed` stage)
+    side = _side_by_side(lay, params.run.methods)
+    spi = seconds_per_iteration(runs, side)
+    images = params.sample.group_size * params.sample.prompts_per_iteration
+    if plot_per_second(runs, metrics[0], base_scores, spi, images, out / "per_second.png"):
+        figures["test split by images seen and training seconds"] = "per_second.png"
     if _plot_breakdown(breakdown, out / "iteration.png", "where an iteration's time goes"):
         figures["iteration breakdown"] = "iteration.png"
     if plot_curves(runs, "reward/mean", "training reward (rollouts, 4-iteration mean; ± sd over seeds)",
@@ -275,8 +283,18 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         figures["grid"] = "grid.png"
 
     per_run = _per_run(runs, metrics)
+    paired = paired_differences(per_run, metrics[0])
+    prompts = prompt_intervals(lay, runs, metrics, params.eval.protocol, PAIRS)
+    _attach_intervals(final, paired, per_run, prompts, base_scores)
+    ttt = time_to_target(runs, metrics[0], base_scores[metrics[0]], spi, images) if (
+        base_scores and metrics[0] in base_scores) else {}
     summary = {"profile": params.profile, "primary": metrics[0], "runs": per_run,
-               "paired": paired_differences(per_run, metrics[0]),
+               "paired": paired, "verdict": verdict(paired, metrics[0]), "prompt_intervals": prompts,
+               "seconds_per_iteration": spi, "time_to_target": ttt,
+               "side_by_side": {k: v for k, v in side.items() if k != "methods"} | {
+                   "methods": {m: {k: v for k, v in d.items() if k != "update"} | {
+                       "update": {k: v for k, v in d["update"].items() if k != "samples"}}
+                       for m, d in side["methods"].items()}} if side else None,
                "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
@@ -288,6 +306,42 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     atomic_write_text(out / "README.md", page_markdown(params, summary, breakdown))
     atomic_write_text(out / "index.html", page_html(params, summary, breakdown))
     return summary
+
+
+def _side_by_side(lay: Layout, methods: Sequence[str]) -> dict[str, Any] | None:
+    """The `speed` stage's measurement (``runs/<outputs>/speed.json``), if it timed every method of the report."""
+    if not lay.speed.is_file():
+        return None
+    try:
+        side = json.loads(lay.speed.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ReportError(f"{lay.speed} cannot be read as JSON ({type(e).__name__}); run `jagg speed` again to "
+                          f"rewrite it.") from None
+    if not isinstance(side, dict) or not isinstance(side.get("methods"), dict) or not isinstance(side.get("table"),
+                                                                                                   list):
+        raise ReportError(f"{lay.speed} is not a side-by-side measurement; run `jagg speed` again to rewrite it.")
+    if set(methods) - set(side["methods"]):
+        return None  # measured for other methods: the runs' own times only
+    return side
+
+
+def _attach_intervals(final: list[dict[str, Any]], paired: list[dict[str, Any]], per_run: list[dict[str, Any]],
+                      prompts: dict[str, Any], base: dict[str, float] | None) -> None:
+    """Each final score's intervals: over seeds (Student-t, of the mean) and over prompts (bootstrap), for the score
+    and for its gain over the base model; each paired difference's interval over prompts beside its seeds' one."""
+    for row in final:
+        for m in [k for k in row if k not in ("method", "seeds")]:
+            vals = [r["final"][m] for r in per_run if r["method"] == row["method"] and m in r["final"]]
+            got = prompts.get("methods", {}).get(row["method"], {}).get(m, {})
+            row.setdefault("intervals", {})[m] = {
+                "seeds": t_interval(vals), "prompts": got.get("final"),
+                "gain_seeds": t_interval([v - base[m] for v in vals]) if base and m in base else None,
+                "gain_prompts": got.get("gain")}
+    by_pair = {(p["a"], p["b"]): p["prompts"] for p in prompts.get("pairs", [])}
+    for p in paired:
+        p["prompts_interval"] = by_pair.get((p["a"], p["b"]))
+    for r in per_run:
+        r["prompt_intervals"] = prompts.get("runs", {}).get(f"{r['method']}-s{r['seed']}")
 
 
 def _per_run(runs: Sequence[_Run], metrics: Sequence[str]) -> list[dict[str, Any]]:

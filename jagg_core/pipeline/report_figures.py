@@ -20,6 +20,7 @@ from ..setup.paths import Layout
 from ..setup.storage import atomic_write_bytes
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
+           "plot_per_second",
            "plot_stacked_bars", "save_figure", "save_png"]
 
 
@@ -261,3 +262,35 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     grid = image_grid(images, captions, ncols=per_style, scale=5, caption_width=24)
     save_png(grid, Path(out))
     return Path(out)
+
+
+def plot_per_second(runs: Sequence[Any], metric: str, base: dict[str, float] | None,
+                    seconds_per_iteration: dict[str, dict[str, Any]], images_per_iteration: int, path: Path) -> bool:
+    """The primary held-out score against images seen (left) and training seconds (right): every method's mean over
+    seeds with its ± sd band. Seconds at iteration k are k times the method's seconds per iteration
+    (jagg_core/pipeline/report_stats.py: from one machine state where the `speed` stage ran)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_method = _method_curves(runs, f"eval/{metric}", base_point=(base or {}).get(metric), from_eval=True, smooth=1)
+    if not by_method or not seconds_per_iteration:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 3.8), dpi=120)
+    sources = {v["source"] for v in seconds_per_iteration.values()}
+    for ax, scale, label in ((axes[0], lambda m: images_per_iteration, "images seen"),
+                             (axes[1], lambda m: seconds_per_iteration.get(m, {}).get("seconds", float("nan")),
+                              f"training seconds ({' / '.join(sorted(sources))} seconds per iteration)")):
+        scaled = {m: [{x * scale(m): y for x, y in c.items()} for c in curves] for m, curves in by_method.items()}
+        _draw_curves(ax, scaled, markers=True)
+        ax.set_xlabel(label, fontsize=9)
+        ax.set_title(f"test split: {metric}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    atomic_write_bytes(path, buf.getvalue())
+    return True

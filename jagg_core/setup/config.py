@@ -468,6 +468,9 @@ class ResourcesConfig(_Section):
                                                    "the environment, never from this shared file)")
     mixed_precision: Literal["no", "bf16", "fp16"] = Field("no", description="accelerate mixed precision")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads per process")
+    speed_rounds: int = Field(7, ge=0, le=1000, description="rounds of the `speed` stage, which times every method's "
+                              "update side by side for the report's speed table (0: off; the table then shows each "
+                              "run's own times only)")
 
     @model_validator(mode="before")
     @classmethod
@@ -479,6 +482,13 @@ class ResourcesConfig(_Section):
                     raise ValueError(f"{key} differs per machine and is not read from params.yaml: pass {flag} to "
                                      f"`jagg train` or set {env}")
         return data
+
+    @field_validator("speed_rounds")
+    @classmethod
+    def _rounds(cls, v: int) -> int:
+        if 0 < v < 3:
+            raise ValueError(f"speed_rounds {v} must be 0 (off) or at least 3 (a median one disturbed round cannot move)")
+        return v
 
 
 class Params(_Section):

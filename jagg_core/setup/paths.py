@@ -76,6 +76,11 @@ class Layout:
     def curve(self, run: str) -> Path:
         return self.run_dir(run) / "curve.tsv"
 
+    @property
+    def speed(self) -> Path:
+        """Every method's update stage timed side by side (the `speed` stage; the report's speed table)."""
+        return self.root / "runs" / self.outputs / "speed.json"
+
     def eval_dir(self, run: str) -> Path:
         return self.root / ("eval-validation" if self.split == "validation" else "eval") / self.outputs / run
 
