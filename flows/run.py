@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import json
 import os
 import signal
 import subprocess
@@ -154,7 +155,20 @@ def main(argv: list[str] | None = None) -> int:
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")
+    print(_speed_line(lay))
     return 0
+
+
+def _speed_line(lay) -> str:  # noqa: ANN001  (Layout)
+    """The side-by-side update speedups of the run's methods (the `speed` stage), one line."""
+    try:
+        table = json.loads(lay.speed.read_text())["table"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "jagg: no side-by-side speed measurement (resources.speed_rounds 0)"
+    parts = [f"{r['method']} {r['speedup']:.2f}x" + (" (above the cost model's ideal: not a gain)"
+                                                      if r.get("above_ideal") else f" (ideal {r['ideal']:.2f}x)")
+             for r in table if "speedup" in r and r["mode"] != "exact"]
+    return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
 
 
 if __name__ == "__main__":

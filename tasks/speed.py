@@ -6,7 +6,7 @@ Each training run times its own iterations at its own time; on a shared machine 
 comparison of methods. This stage times the update stage of every method of ``run.methods`` interleaved — each round
 every method (and the rollout) once, in a shuffled order; medians over rounds — on one stored rollout of the profile's
 base model with the profile's batch, and writes ``runs/<outputs>/speed.json``, which the report's speed table reads
-(jagg_core/bench/side_by_side.py; docs/benchmarks.md, "Side by side").
+(jagg_core/bench/side_by_side.py; docs/results.md, "Speed, side by side").
 """
 
 from __future__ import annotations

@@ -88,7 +88,9 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     # The report: its files exist and every image the HTML references is there.
     index = (root / "reports/ci/index.html").read_text()
     images = re.findall(r'src="([^"]+)"', index)
-    assert "grid.png" in images and "reward.png" in images
+    assert "grid.png" in images and "reward.png" in images and "per_second.png" in images
+    side = json.loads((root / "runs/ci/speed.json").read_text())  # the speed stage: both methods, side by side
+    assert set(side["methods"]) == {"baseline", "jagg"} and side["rounds"] == 3 and "side by side" in index
     assert {"kl_ref.png", "group_std-toy_fidelity.png", "zero_std_frac-toy_fidelity.png"} <= set(images)
     for src in images:
         assert (root / "reports/ci" / src).is_file(), src
@@ -103,16 +105,17 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
         assert r["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
     assert _stale(root) == set()
 
-    # One method's param: exactly that method's train and evaluate, and the report, become stale.
+    # One method's param: exactly that method's train and evaluate, the side-by-side timing of the methods (it times
+    # the changed method too) and the report become stale.
     text = (root / "params.yaml").read_text()
     (root / "params.yaml").write_text(text.replace("  jagg: {mode: jagg}", "  jagg: {mode: jagg, jagg_frac: 1.0}"))
     # `dvc status` names the stages whose own params or deps changed; `dvc repro` then also reruns what depends on
     # their outputs (evaluate@jagg-0 reads the new checkpoints).
-    assert _stale(root) == {"train@jagg-0", "report"}
+    assert _stale(root) == {"train@jagg-0", "speed", "report"}
     second = _run([str(BIN / "dvc"), "repro"], root)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     ran = set(re.findall(r"Running stage '([^']+)'", second.stdout))
-    assert ran == {"train@jagg-0", "evaluate@jagg-0", "report"}
+    assert ran == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
     assert _stale(root) == set()
 
     # Code: editing a module makes exactly the stages whose commands import it stale, and `dvc repro` reruns them

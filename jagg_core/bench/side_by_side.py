@@ -6,7 +6,7 @@ rollout, the same work in every method, ran slower). This module times the *upda
 profile on one stored rollout of the run's own model and batch — the profile's base policy, ``sample.group_size`` x
 ``sample.prompts_per_iteration`` images of its training prompts, its micro-batches, its window and routing — in
 rounds, each round every method once (and the rollout once) in a shuffled order; the figures are medians over rounds.
-A load that comes and goes hits every method alike, so the *ratios* hold (docs/benchmarks.md, "Side by side").
+A load that comes and goes hits every method alike, so the *ratios* hold (docs/results.md, "Speed, side by side").
 
 The ideal speedup is the cost model's (forward 1, backward 2; :func:`jagg_core.cost.ideal_speedup`) from the forwards
 each method counted; a measured speedup above it is flagged, never reported as a gain.
