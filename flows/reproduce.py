@@ -22,14 +22,9 @@ from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import run_name
 from jagg_core.setup.redact import redact
 from tasks.common import load, shown_redacted
-from tasks.evaluate import evaluate_task
-from tasks.prepare import prepare_task
-from tasks.pretrain import pretrain_task
-from tasks.report import report_task
-from tasks.speed import speed_task
-from tasks.train import train_task
 
 from .secrets import restore
+from .stages import evaluate_task, prepare_task, pretrain_task, report_task, speed_task, train_task
 
 # Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
 _SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")

@@ -110,25 +110,6 @@ def shown_redacted(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def prefect_tasks(module: str, **tasks: tuple[Callable[..., Any], dict[str, Any]]) -> Callable[[str], Any]:
-    """A stage module's ``__getattr__`` (PEP 562) that makes its Prefect task on first use: ``name=(fn, options)``
-    becomes ``prefect.task(**options)(fn)``. The flows get real Prefect tasks; `python -m tasks.<stage>` and
-    `jagg <stage>` never import Prefect (1.5–2 s of every stage process, and of every quick refusal of bad input)."""
-    made: dict[str, Any] = {}
-
-    def __getattr__(name: str) -> Any:
-        if name not in tasks:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        if name not in made:
-            from prefect import task
-
-            fn, options = tasks[name]
-            made[name] = task(**options)(shown_redacted(fn))
-        return made[name]
-
-    return __getattr__
-
-
 def process_died(exc: BaseException | None) -> bool:
     """Whether ``exc`` says a process died (killed, out of memory, a crash), the one failure a retry can help:
     a class that sets ``process_died = True`` (``tasks.train.WorkerDied``)."""

@@ -18,7 +18,7 @@ from jagg_core.setup.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
-                     parse_overrides, prefect_tasks, retry_only_died, stage_logger)
+                     parse_overrides, stage_logger)
 from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
 
 
@@ -136,13 +136,10 @@ def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, l
     return out
 
 
-def _evaluate_task(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict:
+def evaluate_stage(params: Params, run: str, sweep: str = DEFAULT_SWEEP) -> dict:
     return evaluate(params, layout(params), run, sweep=sweep)
 
 
-# Made on first use: `python -m tasks.evaluate` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, evaluate_task=(_evaluate_task, dict(name="evaluate", retries=1,
-                                                                        retry_condition_fn=retry_only_died)))
 
 
 @cli

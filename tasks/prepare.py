@@ -17,7 +17,7 @@ from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
 from jagg_core.setup.storage import atomic_write_text, write_prompts_jsonl
 
-from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
 
 def prepare(params: Params, lay: Layout) -> dict:
@@ -63,12 +63,10 @@ def prepare(params: Params, lay: Layout) -> dict:
     return summary
 
 
-def _prepare_task(params: Params) -> dict:
+def prepare_stage(params: Params) -> dict:
     return prepare(params, layout(params))
 
 
-# Made on first use: `python -m tasks.prepare` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, prepare_task=(_prepare_task, dict(name="prepare")))
 
 
 @cli

@@ -21,7 +21,7 @@ from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
 from jagg_core.setup.storage import atomic_write_text, replace_dir
 
-from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, retry_only_died, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
 
 def _same_recipe(card_path, params: Params) -> bool:
@@ -133,13 +133,10 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     return card
 
 
-def _pretrain_task(params: Params) -> dict:
+def pretrain_stage(params: Params) -> dict:
     return pretrain(params, layout(params), progress=False)
 
 
-# Made on first use: `python -m tasks.pretrain` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, pretrain_task=(_pretrain_task, dict(name="pretrain", retries=1,
-                                                                        retry_condition_fn=retry_only_died)))
 
 
 @cli

@@ -10,7 +10,7 @@ from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
-                     prefect_tasks, stage_logger)
+                     stage_logger)
 
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -89,12 +89,10 @@ def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: s
         stage_logger("report").warning("could not create the Prefect artifacts: %s", e)
 
 
-def _report_task(params: Params, sweep: str = DEFAULT_SWEEP) -> dict:
+def report_stage(params: Params, sweep: str = DEFAULT_SWEEP) -> dict:
     return report(params, layout(params), sweep=sweep)
 
 
-# Made on first use: `python -m tasks.report` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, report_task=(_report_task, dict(name="report")))
 
 
 @cli

@@ -17,7 +17,7 @@ import sys
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 
-from .common import add_common_args, cli, layout, load, parse_overrides, prefect_tasks, stage_logger
+from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
 def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | None:
     """Time every method of ``run.methods`` side by side (``rounds``, default ``resources.speed_rounds``; 0: not at
@@ -43,12 +43,10 @@ def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | N
     return result
 
 
-def _speed_task(params: Params) -> dict:
+def speed_stage(params: Params) -> dict:
     return speed(params, layout(params))
 
 
-# Made on first use: `python -m tasks.speed` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, speed_task=(_speed_task, dict(name="speed")))
 
 
 @cli

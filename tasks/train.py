@@ -33,7 +33,7 @@ from jagg_core.trainer import TrainingError
 from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
-                     parse_overrides, prefect_tasks, retry_only_died, stage_logger)
+                     parse_overrides, retry_only_died, stage_logger)
 from .launch import (Machine, accelerate_command, die_with_parent, error_class, launch, local_context, read_context,
                      remove_stale_contexts, report_error_class, stop_on_signals, user_error, worker_error, write_context)
 
@@ -247,14 +247,11 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
     return retry_only_died(task, task_run, state)
 
 
-def _train_task(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
+def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
     return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
 
 
-# Made on first use: `python -m tasks.train` does not import Prefect (tasks/common.py:prefect_tasks).
-__getattr__ = prefect_tasks(__name__, train_task=(_train_task, dict(name="train", retries=2, retry_delay_seconds=5,
-                                                                  retry_condition_fn=_retryable)))
 
 
 @cli

@@ -12,7 +12,8 @@ def test_training_is_retried_only_after_its_process_died(tmp_path, monkeypatch):
     from prefect import flow, task
 
     from jagg_core.trainer import TrainingError
-    from tasks.train import WorkerDied, _retryable, train_task
+    from flows.stages import train_task
+    from tasks.train import WorkerDied, _retryable
 
     assert train_task.retries == 2 and train_task.retry_condition_fn is _retryable
     calls: list[str] = []

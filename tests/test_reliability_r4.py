@@ -190,8 +190,8 @@ def _errors():
             MemoryError(), EvalError("x"), TrainingError("x"), ParamsError("x")]
 
 
-@pytest.mark.parametrize("task", ["tasks.train:train_task", "tasks.evaluate:evaluate_task",
-                                  "tasks.pretrain:pretrain_task"])
+@pytest.mark.parametrize("task", ["flows.stages:train_task", "flows.stages:evaluate_task",
+                                  "flows.stages:pretrain_task"])
 def test_no_task_retries_an_error_that_cannot_succeed(task):
     import importlib
 
