@@ -281,7 +281,7 @@ def plot_per_second(runs: Sequence[Any], metric: str, base: dict[str, float] | N
     sources = {v["source"] for v in seconds_per_iteration.values()}
     for ax, scale, label in ((axes[0], lambda m: images_per_iteration, "images seen"),
                              (axes[1], lambda m: seconds_per_iteration.get(m, {}).get("seconds", float("nan")),
-                              f"training seconds ({' / '.join(sorted(sources))} seconds per iteration)")):
+                              f"training seconds (seconds per iteration: {' / '.join(sorted(sources))})")):
         scaled = {m: [{x * scale(m): y for x, y in c.items()} for c in curves] for m, curves in by_method.items()}
         _draw_curves(ax, scaled, markers=True)
         ax.set_xlabel(label, fontsize=9)
