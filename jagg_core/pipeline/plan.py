@@ -124,11 +124,10 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
     from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 
     sample, train, res = params.sample, params.train, params.resources
-    trained = sample.num_steps if sample.recipe == "dance_grpo" else sample.sde_window_size
+    trained = sample.trained_steps
     frac = AUTO_FALLBACK_JAGG_FRAC if method.jagg_frac == "auto" else float(method.jagg_frac)
     groups = plan_groups(trained, method.window, frac, mode=method.mode)
-    keep = (max(1, round(sample.timestep_fraction * len(groups))) / len(groups)
-            if sample.recipe == "dance_grpo" else 1.0)
+    keep = max(1, round(sample.group_fraction * len(groups))) / len(groups)
     grad = nograd = reference = kl_ref = 0.0
     for g in groups:
         k, n = group_forwards(len(g.steps), g.mode, anchors=method.anchors, reuse=method.reuse_rollout_velocity)

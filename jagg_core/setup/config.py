@@ -263,6 +263,18 @@ class SampleConfig(_Section):
     shared_noise: bool = Field(True, description="the G images of a prompt start from the same noise")
     batch_size: int = Field(64, ge=1, le=65536, description="rollout micro-batch per process")
 
+    @property
+    def trained_steps(self) -> int:
+        """Steps trained per rollout: every step under DanceGRPO, the SDE window's otherwise (the one place this is
+        worked out: the rollout, the trainer, `jagg plan` and the smoke test read it)."""
+        return self.num_steps if self.recipe == "dance_grpo" else self.sde_window_size
+
+    @property
+    def group_fraction(self) -> float:
+        """The share of a rollout's groups the update trains: DanceGRPO's timestep_fraction (a random subset of whole
+        groups), every group otherwise."""
+        return self.timestep_fraction if self.recipe == "dance_grpo" else 1.0
+
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
         if self.sde_kind == "cps" and self.noise_level > 1:

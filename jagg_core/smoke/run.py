@@ -329,7 +329,7 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
                   "image_tokens": (size.resolution // 16) ** 2, "text_tokens": size.max_sequence_length,
                   "geometry": asdict(size), "dtype": params.model.dtype,
                   "mixed_precision": params.resources.mixed_precision},
-        "recipe": {"recipe": sample.recipe, "num_steps": sample.num_steps, "trained_steps": _trained(params),
+        "recipe": {"recipe": sample.recipe, "num_steps": sample.num_steps, "trained_steps": params.sample.trained_steps,
                    "window": params.jagg.window, "jagg_frac": params.jagg.jagg_frac,
                    "images_per_iteration": sample.group_size * sample.prompts_per_iteration,
                    "micro_batch": params.train.micro_batch, "clip_range": params.train.clip_range,
@@ -340,10 +340,6 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     out["checks"] = check(out)
     return out
 
-
-def _trained(params: Params) -> int:
-    s = params.sample
-    return s.num_steps if s.recipe == "dance_grpo" else s.sde_window_size
 
 
 def _trainable_count(checkpoint: Path | None) -> int | None:

@@ -263,7 +263,7 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
-    fraction = sample.timestep_fraction if sample.recipe == "dance_grpo" else 1.0
+    fraction = sample.group_fraction
     # train/kl_ref at β = 0 is a diagnostic: measured every train.kl_ref_every iterations (and at the first); at β > 0
     # the loss's own KL, computed at every trained step anyway, is logged every iteration
     kl_now = tcfg.kl_ref and (tcfg.beta > 0 or it % tcfg.kl_ref_every == 0)

@@ -62,7 +62,7 @@ class Trajectory:
 def choose_train_steps(cfg: SampleConfig, generator: torch.Generator, iteration: int = 0) -> list[int]:
     """The trained (SDE) steps of the rollout of ``iteration`` (0-based), in denoising order."""
     if cfg.recipe == "dance_grpo":
-        return list(range(cfg.num_steps))
+        return list(range(cfg.trained_steps))
     lo, hi = cfg.sde_window_range
     if cfg.recipe == "mix_grpo":  # a function of the iteration alone: a resumed run slides the same way
         positions = (hi - 1 - lo) // cfg.window_stride + 1
