@@ -360,15 +360,7 @@ def _per_run(runs: Sequence[_Run], metrics: Sequence[str]) -> list[dict[str, Any
 
 def paired_interval(diffs: Sequence[float], confidence: float = 0.95) -> dict[str, float]:
     """Mean of paired differences with its Student-t interval (``n − 1`` degrees of freedom)."""
-    n = len(diffs)
-    mean = statistics.fmean(diffs) if n else float("nan")
-    if n < 2:
-        return {"n": n, "mean": mean, "sd": float("nan"), "lo": float("nan"), "hi": float("nan")}
-    from scipy.stats import t as student_t
-
-    sd = statistics.stdev(diffs)
-    half = float(student_t.ppf(0.5 + confidence / 2, n - 1)) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "lo": mean - half, "hi": mean + half}
+    return t_interval(diffs, confidence)
 
 
 # The comparisons the paper makes, each paired by seed: (method, against).

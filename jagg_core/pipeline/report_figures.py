@@ -163,6 +163,15 @@ def plot_learning(runs: Sequence[Any], metrics: Sequence[str], base: dict[str, f
         _draw_curves(ax, by_method, markers=True)
         role = "trained reward" if m in trained else "not trained on"
         ax.set_title(f"test split: {m} ({role})", fontsize=10)
+    _save_panels(fig, axes[0], path)
+    return True
+
+
+def _save_panels(fig, axes, path: Path) -> None:  # noqa: ANN001  (matplotlib figure and axes)
+    """Grid and legend on every panel; written atomically as PNG and closed."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -170,7 +179,6 @@ def plot_learning(runs: Sequence[Any], metrics: Sequence[str], base: dict[str, f
     fig.savefig(buf, format="png")
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
-    return True
 
 
 def plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
@@ -286,11 +294,5 @@ def plot_per_second(runs: Sequence[Any], metric: str, base: dict[str, float] | N
         _draw_curves(ax, scaled, markers=True)
         ax.set_xlabel(label, fontsize=9)
         ax.set_title(f"test split: {metric}", fontsize=10)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
+    _save_panels(fig, axes, path)
     return True
