@@ -32,10 +32,17 @@ def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | N
     if not rounds:
         log.info("resources.speed_rounds is 0: no side-by-side timing (the report shows each run's own times)")
         return None
-    if params.resources.num_threads:
-        torch.set_num_threads(params.resources.num_threads)
-    policy = policy_from_params(params, lay, pick_device(params))
-    result = side_by_side(params, lay, params.run.methods, policy=policy, rounds=rounds, progress=log.info)
+    device = pick_device(params)
+    # On the CPU one thread unless resources.num_threads says otherwise: a multi-threaded torch on cores another job
+    # also wants spins at every barrier, and how much depends on the number of kernels, not on their work, which
+    # tilts methods of different shapes unequally; one thread is slowed by a load in proportion.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(params.resources.num_threads or 1 if device.type == "cpu" else threads)
+    try:
+        policy = policy_from_params(params, lay, device)
+        result = side_by_side(params, lay, params.run.methods, policy=policy, rounds=rounds, progress=log.info)
+    finally:
+        torch.set_num_threads(threads)  # the flow runs this stage in its own process: leave its threads as found
     write_result(result, lay.speed)
     for row in result["table"]:
         log.info("side by side: %s update %.3f s (median of %d rounds)%s", row["method"], row["update_s"], rounds,
