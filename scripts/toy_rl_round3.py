@@ -4,7 +4,8 @@
     python scripts/toy_rl_round3.py docs/toy_rl/round3.jsonl --out docs/toy_rl/round3.png
 
 Prints one markdown row per cell (seeds pooled: each seed's gain in held-out ``toy_fidelity`` and in
-``toy_preference``, their mean) and draws each cell's mean test curve of both scores by iteration.
+``toy_preference``, their mean) and draws each cell's mean validation curve of both scores by iteration (the records
+were taken on the split that was the world's test split then and is its validation split now: docs/toy_world.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def main(argv=None) -> int:
         r = json.loads(line)
         cells.setdefault((r["name"].rsplit("-s", 1)[0], r["method"]), []).append(r)
 
-    print("| cell | method | seeds | test `toy_fidelity` by checkpoint (seed by seed) | gain per seed | mean gain |"
+    print("| cell | method | seeds | validation `toy_fidelity` by checkpoint (seed by seed) | gain per seed | mean gain |"
           " `toy_preference` change per seed | mean |")
     print("|---|---|---|---|---|---|---|---|")
     for (cell, method), rs in cells.items():
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
                         color=f"C{i % 10}", linestyle="-" if i < 10 else "--",
                         label=f"{cell} {method} ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
         for ax, metric in zip(axes, ("toy_fidelity (trained)", "toy_preference (not trained on)")):
-            ax.set_title(f"test split: {metric}, mean over seeds")
+            ax.set_title(f"validation split: {metric}, mean over seeds")
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=7)
