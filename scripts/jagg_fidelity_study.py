@@ -229,6 +229,9 @@ def measure_reading(r: Reading, alpha_t: Sequence[float]) -> dict:
             "norm_ratio": math.sqrt(max(r.dot(ej, ej), 0.0) / ee) if ee > 0 else float("nan"),  # ‖e_j‖ / ‖e‖
             "rel_to_step": math.sqrt(max(r.dot(ej, ej), 0.0) / r.dot(ctr, ctr)),  # ‖e_j‖ / ‖J_jᵀ s_j‖
             "step_share_of_exact": math.sqrt(r.dot(ctr, ctr) / r.dot(exact, exact)),  # ‖J_jᵀ s_j‖ / ‖exact‖
+            # how well the endpoints carry step j: cos and norm ratio of (1−α_j) J_0ᵀ s_j + α_j J_Lᵀ s_j to J_jᵀ s_j
+            "cos_carried": r.cos(ej + ctr, ctr),
+            "norm_carried": math.sqrt(r.dot(ej + ctr, ej + ctr) / r.dot(ctr, ctr)),
         }
     return {
         "cos_ablate": r.cos(r.ablate(), exact),
@@ -432,7 +435,7 @@ def summarise(rows: list[dict]) -> dict:
             for rule in ("fit", "fit_image", "fit2", "oracle"):  # paired with the paper's t-weighted rule
                 row[f"diff_{rule}_minus_t"] = _stat(nr, lambda r, rule=rule: r[f"cos_{rule}"] - r["cos_t"])
             for j in mids:
-                for key in ("share", "norm_ratio", "rel_to_step", "step_share_of_exact"):
+                for key in ("share", "norm_ratio", "rel_to_step", "step_share_of_exact", "cos_carried", "norm_carried"):
                     row.setdefault("split", {}).setdefault(j, {})[key] = _stat(
                         nr, lambda r, j=j, key=key: r["split"][j][key])
                 for key in ("residual_t", "residual_fit", "z_residual_t", "alpha_fit", "alpha_oracle"):
@@ -506,7 +509,7 @@ def figures(rows: list[dict], summary: dict, out: Path) -> list[str]:
             nr = [r for r in rows if r["model"] == m and r["n"] == n and r["layout"] == layout]
             ax.scatter([mean_residual(r) for r in nr], [r["cos_t"] for r in nr], s=10, alpha=0.6,
                        color=colors[mi % len(colors)], label=m)
-        ax.set_xlabel("velocity residual ‖v_j − (1−α_j)v_0 − α_j v_3‖/‖v_j‖, mean of j = 1, 2")
+        ax.set_xlabel("‖v_j − (1−α_j)v_0 − α_j v_3‖/‖v_j‖, mean of j = 1, 2")
         ax.set_ylabel("cos(JAGG, exact)")
         ax.set_title(f"readings of {n} images ({'one prompt' if layout == 'prompt' else 'all prompts'})",
                      fontsize=10)
@@ -518,6 +521,82 @@ def figures(rows: list[dict], summary: dict, out: Path) -> list[str]:
     plt.close(fig)
     made.append(p.name)
     return made
+
+
+def _ci(v: dict, d: int = 3) -> str:
+    return f"{v['mean']:.{d}f} [{v['lo']:.{d}f}, {v['hi']:.{d}f}]"
+
+
+def _r(v: dict) -> str:
+    return f"{v['r']:+.2f} [{v['lo']:+.2f}, {v['hi']:+.2f}]"
+
+
+def markdown_tables(summary: dict, kinds: Sequence[str] = ("prompt:4", "prompt:8", "prompt:16", "spread:4",
+                                                            "spread:16", "spread:64"),
+                    focus: Sequence[str] = ("prompt:4", "spread:64")) -> str:
+    """The tables of docs/jagg_fidelity.md, from summary.json."""
+    out = []
+    models = summary["models"]
+
+    def kind_label(k: str) -> str:
+        layout, n = k.split(":")
+        return f"{n}, one prompt" if layout == "prompt" else f"{n}, all prompts"
+
+    out.append("| model | images per reading | readings | cos(JAGG, exact) | SD of one reading | share < 0.5 "
+               "| cos(ablate, exact) | SD of one reading | JAGG − ablate |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for m, s in models.items():
+        for k in kinds:
+            if k not in s["kinds"]:
+                continue
+            row = s["kinds"][k]
+            out.append(f"| {m} | {kind_label(k)} | {row['readings']} | {_ci(row['cos_t'])} | "
+                       f"{row['cos_t']['sd_reading']:.3f} | {row['cos_t']['below_0_5']:.3f} | "
+                       f"{_ci(row['cos_ablate'])} | {row['cos_ablate']['sd_reading']:.3f} | "
+                       f"{_ci(row['gain_jagg_minus_ablate'])} |")
+    out.append("")
+    out.append("| model | images per reading | ‖JAGG − exact‖/‖exact‖ | middle step | share ⟨e_j, e⟩/‖e‖² "
+               "| ‖e_j‖/‖e‖ | ‖J_jᵀs_j‖/‖exact‖ | cos(carried_j, J_jᵀs_j) | ‖carried_j‖/‖J_jᵀs_j‖ |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for m, s in models.items():
+        for k in focus:
+            row = s["kinds"].get(k)
+            if row is None:
+                continue
+            for i, (j, sp) in enumerate(row["split"].items()):
+                lead = f"| {m} | {kind_label(k)} | {_ci(row['rel_err'])} " if i == 0 else "| | | "
+                out.append(f"{lead}| {j} | {_ci(sp['share'])} | {_ci(sp['norm_ratio'])} | "
+                           f"{_ci(sp['step_share_of_exact'])} | {_ci(sp['cos_carried'])} | {_ci(sp['norm_carried'])} |")
+    out.append("")
+    out.append("| model | middle step | α_j (Eq. 6) | velocity residual | latent residual | fitted α_j | oracle α_j "
+               "| r(residual, cos), 4 of one prompt | r(residual, cos), 64 of all prompts |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
+    for m, s in models.items():
+        row = s["kinds"][focus[-1]]
+        for i, j in enumerate(row["residual_t"]):
+            corr = (f"| {_r(s['kinds'][focus[0]]['corr_residual_cos'])} | {_r(row['corr_residual_cos'])} |"
+                    if i == 0 else "| | |")
+            out.append(f"| {m} | {j} | {s['alpha_t'][int(j)]:.3f} | {_ci(row['residual_t'][j])} | "
+                       f"{_ci(row['z_residual_t'][j])} | {_ci(row['alpha_fit'][j])} | {_ci(row['alpha_oracle'][j])} "
+                       f"{corr}")
+    out.append("")
+    out.append("| model | images per reading | cos, α of Eq. 6 | fitted α − Eq. 6 | fitted per image − Eq. 6 "
+               "| free (a_j, b_j) − Eq. 6 | oracle α − Eq. 6 |")
+    out.append("|---|---|---|---|---|---|---|")
+    for m, s in models.items():
+        for k in focus:
+            row = s["kinds"].get(k)
+            if row is None:
+                continue
+            out.append(f"| {m} | {kind_label(k)} | {_ci(row['cos_t'])} | {_ci(row['diff_fit_minus_t'])} | "
+                       f"{_ci(row['diff_fit_image_minus_t'])} | {_ci(row['diff_fit2_minus_t'])} | "
+                       f"{_ci(row['diff_oracle_minus_t'])} |")
+    pooled = summary.get("pooled", {})
+    if pooled:
+        out.append("")
+        out.append("Pooled over the models, r(residual, cos): " + "; ".join(
+            f"{kind_label(k)}: {_r(v['corr_residual_cos'])}" for k, v in pooled.items() if k in focus) + ".")
+    return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> int:
@@ -538,6 +617,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "jagg_fidelity"))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarise-only", action="store_true", help="re-read readings.jsonl, redo summary and figures")
+    ap.add_argument("--tables", action="store_true", help="also print the markdown tables of docs/jagg_fidelity.md")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -591,6 +671,8 @@ def main(argv=None) -> int:
     summary["meta"] = meta
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     made = figures(rows, summary, out)
+    if args.tables:
+        print(markdown_tables(summary))
     log(f"wrote {out / 'readings.jsonl'}, {out / 'summary.json'}, {', '.join(made)}")
     return 0
 
