@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from prefect import flow
+from prefect import allow_failure, flow
 from prefect.context import FlowRunContext
 from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -90,8 +90,10 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
         batch = runs[i : i + parallel_runs]
         futures = [train_task.submit(params, m, s, sweep, restart) for m, s in batch]
         finished += [f.result() for f in futures]
-        if parallel_runs > 1:  # a batch's evaluations run beside the next batch's trainings
-            evaluations += [evaluate_task.submit(params, run_name(m, s), sweep) for m, s in batch]
+        if parallel_runs > 1:  # a batch's evaluations run beside the next batch's trainings, one after another:
+            for m, s in batch:  # two model loads at once in one process are not safe (diffusers' meta-device init)
+                after = [allow_failure(evaluations[-1])] if evaluations else []
+                evaluations.append(evaluate_task.submit(params, run_name(m, s), sweep, wait_for=after))
     for f in evaluations:
         f.result()
     if parallel_runs == 1:
