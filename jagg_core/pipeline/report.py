@@ -291,10 +291,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     summary = {"profile": params.profile, "primary": metrics[0], "runs": per_run,
                "paired": paired, "verdict": verdict(paired, metrics[0]), "prompt_intervals": prompts,
                "seconds_per_iteration": spi, "time_to_target": ttt,
-               "side_by_side": {k: v for k, v in side.items() if k != "methods"} | {
-                   "methods": {m: {k: v for k, v in d.items() if k != "update"} | {
-                       "update": {k: v for k, v in d["update"].items() if k != "samples"}}
-                       for m, d in side["methods"].items()}} if side else None,
+               "side_by_side": _without_samples(side),
                "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
@@ -323,6 +320,16 @@ def _side_by_side(lay: Layout, methods: Sequence[str]) -> dict[str, Any] | None:
     if set(methods) - set(side["methods"]):
         return None  # measured for other methods: the runs' own times only
     return side
+
+
+def _without_samples(side: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The side-by-side measurement for summary.json; its per-round samples stay in speed.json."""
+    if not side:
+        return None
+    methods = {m: {**d, "update": {k: v for k, v in d["update"].items() if k != "samples"}}
+               for m, d in side["methods"].items()}
+    rollout = {k: v for k, v in side["rollout"].items() if k != "samples"}
+    return {**side, "methods": methods, "rollout": rollout}
 
 
 def _attach_intervals(final: list[dict[str, Any]], paired: list[dict[str, Any]], per_run: list[dict[str, Any]],
