@@ -8,6 +8,7 @@ from typing import Iterator
 
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
+from jagg_core.setup.redact import redact
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      prefect_tasks, stage_logger)
@@ -26,7 +27,8 @@ def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     tracker.logger(parent).log_metrics(_sweep_metrics(summary), 0)
     tracker.finish(parent)  # the report is the sweep's last stage
     log.info("report: %s", lay.report_dir / "index.html")
-    _prefect_artifacts(lay, summary, params.tracking.ui_url.rstrip("/"), tracker.experiment_id, parent)
+    # Prefect stores an artifact's data (and its events) as given: the UI's URL goes there redacted, as everywhere.
+    _prefect_artifacts(lay, summary, redact(params.tracking.ui_url.rstrip("/")), tracker.experiment_id, parent)
     return summary
 
 
@@ -79,11 +81,12 @@ def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: s
         if not (FlowRunContext.get() or TaskRunContext.get()):
             return
         key = f"jagg-{lay.outputs}".replace("_", "-")
-        create_table_artifact(artifact_rows(summary), key=f"{key}-scores",
+        ui_url = redact(ui_url)  # whoever calls: what reaches Prefect's database holds no secret
+        create_table_artifact(redact(artifact_rows(summary)), key=f"{key}-scores",
                               description=f"Final test metrics (mean over seeds) and speeds, {lay.outputs}")
         create_link_artifact(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_id}", link_text="the sweep in MLflow",
                              key=f"{key}-mlflow", description="The sweep's MLflow parent run (`jagg services up`)")
-        create_markdown_artifact(report_markdown(lay, ui_url, run_id), key=f"{key}-report",
+        create_markdown_artifact(redact(report_markdown(lay, ui_url, run_id)), key=f"{key}-report",
                                  description="jagg report")
     except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect links)
         stage_logger("report").warning("could not create the Prefect artifacts: %s", e)

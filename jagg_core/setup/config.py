@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
-from .redact import redact
+from .redact import redact, remember
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -514,6 +514,13 @@ class Params(_Section):
         if bad is not None:
             raise ValueError(f"{bad[0]} = {bad[1]!r} must be a finite number")
         return data
+
+    @model_validator(mode="after")
+    def _secrets_remembered(self) -> "Params":
+        """Every secret of valid params is redacted from whatever this process writes or logs later, also where a
+        library quotes it without its key or URL (:func:`jagg_core.setup.redact.remember`)."""
+        remember(self.model_dump(mode="json"))
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Params":

@@ -1,0 +1,150 @@
+"""Reliability, round 5 (issue 41): what a hostile tester broke after round 4, fixed by class.
+
+Each test is named after its class (``test_c1_…`` for class 1, secrets; ``test_c2_…`` for class 2, a worker's outcome;
+…). Cheap probes call the library in-process or start one short command; a credentialed end-to-end `jagg run` is
+marked ``slow``. The rows of docs/reliability.md's "Round 5" section name these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, run_module
+from jagg_core.setup.config import ParamsError
+from jagg_core.setup.params_io import load_params
+
+PARAMS = REPO / "params.yaml"
+
+
+def _one_sentence(text: str) -> str:
+    text = text.strip()
+    assert "\n" not in text and "Traceback" not in text and len(text) < 600, text
+    return text
+
+
+# --- class 1: secrets --------------------------------------------------------------------------------------------
+
+# Passwords with the characters that ended round 4's redaction early ('/', '#', '?') and '@'; each piece between them
+# is long enough to be grepped on its own.
+UI_PASSWORD = "Qz7Kp9/Vx3Lm5#Wr8Tn2?Hy6Bc4@Jd1Fg0"
+STORE_PASSWORD = "Mf9Rt2@Yx5Qw8"  # a password the MLflow client can use as typed ('/', '#' and '?' would end the host)
+
+
+def _pieces(password: str) -> list[str]:
+    import re
+    from urllib.parse import quote
+
+    return [password, quote(password, safe=""), *(p for p in re.split(r"[/#?@]", password) if len(p) >= 6)]
+
+
+@pytest.mark.parametrize("text, password", [
+    ("http://alice:Pa/ssW0rdXYZ@127.0.0.1:9/", "Pa/ssW0rdXYZ"),
+    ("postgresql://alice:Pa#ssW0rdXYZ@host/db", "Pa#ssW0rdXYZ"),
+    ("store http://alice:Pa?ssW0rdXYZ@h:5000/api is down", "Pa?ssW0rdXYZ"),
+    ("http://alice:Pa@ss/W0#rd?XYZ@127.0.0.1:9/x", "Pa@ss/W0#rd?XYZ"),
+    (f"[x](http://alice:{UI_PASSWORD}@h/a.png) [y](http://alice:{UI_PASSWORD}@h/b.png)", UI_PASSWORD),
+])
+def test_c1_passwords_with_url_delimiters_are_redacted(text, password):
+    """A password holding '/', '#', '?' or '@' is redacted whole (round 4 stopped at the first '/', '#' or '?' and
+    printed the password); the user and the host stay."""
+    from jagg_core.setup.redact import redact
+
+    shown = redact(text)
+    assert password not in shown and "alice:***@" in shown, shown
+    assert "W0rdXYZ" not in shown and "ssW0rd" not in shown, shown
+
+
+def test_c1_a_secret_seen_once_is_redacted_where_a_library_quotes_a_piece_of_it():
+    """requests reads `http://alice:Pa/ssW0rdXYZ@127.0.0.1:9/` as host "alice" and path "/ssW0rdXYZ@127.0.0.1:9/":
+    its error quotes a piece of the password without the URL. Params remember their secrets for every later
+    redaction of the process (every log record, every error sentence)."""
+    from jagg_core.setup.redact import redact
+
+    load_params(PARAMS, "ci", {"tracking.mlflow_uri": "http://alice:Pa/ssLeakPiece42@127.0.0.1:9/"})
+    shown = redact("HTTPConnectionPool(host='alice', port=80): Max retries exceeded with url: "
+                   "/ssLeakPiece42@127.0.0.1:9/api/2.0/mlflow/experiments/get-by-name")
+    assert "ssLeakPiece42" not in shown, shown
+
+
+def test_c1_an_unreachable_store_with_a_slash_in_its_password_prints_no_part_of_it(ci_project):
+    """The issue's repro: `jagg train --set tracking.mlflow_uri=http://alice:Pa/ssW0rdXYZ@127.0.0.1:9/ --set
+    tracking.retries=0` printed the whole password twice. Now one sentence, exit 1, no piece of it."""
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
+                     "--set", "tracking.mlflow_uri=http://alice:Pa/ssW0rdXYZ@127.0.0.1:9/",
+                     "--set", "tracking.retries=0", root=ci_project, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    for piece in ("Pa/ssW0rdXYZ", "ssW0rdXYZ", "Pa%2FssW0rdXYZ"):
+        assert piece not in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+
+
+def _prefect_rows_holding(db: Path, needles: list[str]) -> list[str]:
+    """``table.column`` of every text cell of Prefect's database holding one of ``needles``."""
+    hits = []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        tables = [r[0] for r in con.execute("select name from sqlite_master where type='table'")]
+        for table in tables:
+            cols = [r[1] for r in con.execute(f"pragma table_info('{table}')")]
+            for col in cols:
+                for (value,) in con.execute(f'select "{col}" from "{table}"'):
+                    text = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+                    if any(n in text for n in needles):
+                        hits.append(f"{table}.{col}")
+                        break
+    finally:
+        con.close()
+    return hits
+
+
+@pytest.mark.slow  # one `jagg run --profile ci` (a temporary Prefect server, a live MLflow server): ~2-4 min
+def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_path):
+    """`jagg run --profile ci` with credentials in every URL field (tracking.ui_url: a password holding '/', '#',
+    '?' and '@'; tracking.mlflow_uri: a live server reached with a password holding '@'): no piece of either password
+    is in mlflow.db, mlruns/, Prefect's database (artifacts, artifact collections, events, flow-run parameters, logs,
+    read row by row and as bytes), runs/, eval/, reports/, any other file of the project, or the output. (Round 4:
+    the MLflow link artifact and the report's markdown held the UI's password, in `artifact`, `artifact_collection`
+    and the events.)"""
+    from test_reliability import _MlflowServer, _files_holding
+
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    server = _MlflowServer(root)
+    server.start()
+    ui = f"http://alice:{UI_PASSWORD}@127.0.0.1:5000"
+    store = f"http://bob:{STORE_PASSWORD}@127.0.0.1:{server.port}/"
+    try:
+        out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]",
+                         "--set", f"tracking.ui_url={ui}", "--set", f"tracking.mlflow_uri={store}", root=root,
+                         env={"PREFECT_HOME": str(root / ".prefect"), "PREFECT_API_URL": ""}, timeout=900)
+    finally:
+        server.stop()
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    db = root / ".prefect" / "prefect.db"
+    assert db.exists(), "no Prefect database: the grep below would prove nothing"
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:  # the stores were written: the artifacts the report made, the run's parameters, its logs and events
+        keys = {r[0] for r in con.execute("select key from artifact")}
+        assert {"mlflow", "report"} <= {k.rsplit("-", 1)[-1] for k in keys}, keys
+        links = [r[0] for r in con.execute("select data from artifact where key like '%-mlflow'")]
+        assert links and all("alice:***@127.0.0.1:5000" in link for link in links), links
+        assert con.execute("select count(*) from log").fetchone()[0] > 0
+    finally:
+        con.close()
+    needles = _pieces(UI_PASSWORD) + _pieces(STORE_PASSWORD)
+    assert _prefect_rows_holding(db, needles) == []
+    for needle in needles:
+        assert _files_holding(root, needle.encode()) == [], f"{needle!r} reached the project's files"
+        assert needle not in text, f"{needle!r} was printed"
+    for folder in ("mlflow.db", "runs", "eval", "reports"):
+        assert (root / folder).exists(), folder
