@@ -148,3 +148,92 @@ def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_pat
         assert needle not in text, f"{needle!r} was printed"
     for folder in ("mlflow.db", "runs", "eval", "reports"):
         assert (root / folder).exists(), folder
+
+
+# --- class 2: a worker's outcome travels by a channel that cannot scroll away ------------------------------------
+
+
+def test_c2_a_workers_error_behind_a_long_traceback_is_its_own_not_a_death(ci_project, monkeypatch):
+    """A real `accelerate launch` whose worker raises a PermissionError deep in the trainer (as under a read-only
+    checkpoint folder): its traceback and accelerate's own lines are longer than the 30 lines the launcher keeps, so
+    the "jagg: worker error" line printed before them scrolled away and the failure was a WorkerDied, retried twice
+    under `jagg run`. The worker's outcome file says what it was: a TrainingError naming the PermissionError."""
+    import logging
+
+    from jagg_core.setup.paths import Layout
+    from jagg_core.trainer import TrainingError
+    from jagg_core.trainer.fingerprint import run_fingerprint
+    from tasks.launch import Machine, write_context
+    from tasks.train import WorkerDied, _launch_workers, _retryable
+
+    params = load_params(ci_project / "params.yaml", "ci", {"train.iterations": 1})
+    lay = Layout.of(params, ci_project)
+    context = lay.run_dir("jagg-s0") / ".worker-context-test.json"
+    write_context(context, params, lay, "", run_fingerprint(params, lay, "jagg", 0))
+    monkeypatch.setenv("JAGG_FAULT", "rollout@1:eacces")
+    lines = []
+
+    class Log:
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    import tasks.train
+
+    tails = []
+
+    def launch(*args, **kwargs):  # the real launch; its tail (the last 30 lines) kept for the check below
+        rc, tail = real_launch(*args, **kwargs)
+        tails.append(tail)
+        return rc, tail
+
+    real_launch = tasks.train.launch
+    monkeypatch.setattr(tasks.train, "launch", launch)
+    with pytest.raises(TrainingError) as e:
+        _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
+    assert not isinstance(e.value, WorkerDied), e.value
+    assert "PermissionError" in str(e.value) and "Permission denied (injected)" in str(e.value), e.value
+    assert any("jagg: worker error: PermissionError" in line for line in lines)  # printed, then scrolled away:
+    assert not any("jagg: worker error" in line for line in tails[0]), "the traceback was short: proves nothing"
+
+    class State:  # what Prefect's retry condition sees
+        def result(self, raise_on_failure=True):
+            raise e.value
+
+    assert not _retryable(None, None, State())
+    assert not list(context.parent.glob(context.name + ".outcome-*"))  # read and removed
+
+
+def test_c2_a_launch_without_an_outcome_is_a_death_and_outcomes_are_bounded(tmp_path):
+    """No outcome file (killed, out of memory): a WorkerDied, the one error retried; a user error's outcome is its
+    own class; a garbage or huge outcome file is no outcome."""
+    from collections import deque
+
+    from jagg_core.trainer.checkpoint import CheckpointError
+    from tasks.launch import outcome_file, read_outcome, report_error_class
+    from tasks.train import WorkerDied, _failure
+
+    context = tmp_path / "ctx.json"
+    with pytest.raises(CheckpointError):
+        with report_error_class(context):
+            raise CheckpointError("checkpoint 3 is damaged; move it aside.")
+    outcome = read_outcome(context)
+    failure = _failure("jagg-s0", 1, deque(["x"] * 30), outcome)
+    assert type(failure) is CheckpointError and "checkpoint 3 is damaged" in str(failure)
+    assert read_outcome(context) is None  # removed once read
+    outcome_file(context, 1).write_bytes(b"\xff{garbage")
+    outcome_file(context, 2).write_text('{"kind": "user", "class": "os:system", "message": "' + "x" * 100_000 + '"}')
+    assert read_outcome(context) is None
+    assert isinstance(_failure("jagg-s0", -9, deque(["Killed"]), None), WorkerDied)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"sample.group_size": 1024, "sample.prompts_per_iteration": 65536, "sample.batch_size": 65536},
+     "images per iteration"),
+    ({"sample.group_size": 512, "sample.prompts_per_iteration": 16, "sample.num_steps": 1000}, "stored latents"),
+])
+def test_c2_products_of_sizes_are_bounded_with_one_sentence(overrides, says):
+    """Each size was bounded on its own (round 4), their product was not: 1024 × 65,536 images per iteration was an
+    out-of-memory error in the worker, classed as a death and retried. Now one sentence at validation."""
+    with pytest.raises(ParamsError, match=says) as e:
+        load_params(PARAMS, "ci", overrides)
+    _one_sentence(str(e.value))

@@ -31,6 +31,10 @@ KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
                  "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
+# A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
+# anything is allocated (the paper's recipes take at most 384 images of 51 steps; the toy 128 of 13).
+MAX_IMAGES_PER_ITERATION = 8192
+MAX_IMAGE_STEPS = 262_144
 MAX_NAME = 64  # a name (profile, outputs, method) becomes folder names and MLflow run names: keep it short
 
 
@@ -262,6 +266,15 @@ class SampleConfig(_Section):
 
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
+        images = self.group_size * self.prompts_per_iteration
+        if images > MAX_IMAGES_PER_ITERATION:  # each bounded on its own, their product was an out-of-memory error
+            raise ValueError(f"group_size {self.group_size} × prompts_per_iteration {self.prompts_per_iteration} is "
+                             f"{images:,} images per iteration, more than the {MAX_IMAGES_PER_ITERATION:,} a rollout "
+                             f"holds (its latents at every step are kept for the update); lower one of them")
+        if images * (self.num_steps + 1) > MAX_IMAGE_STEPS:
+            raise ValueError(f"{images:,} images per iteration × (num_steps {self.num_steps} + 1) is "
+                             f"{images * (self.num_steps + 1):,} stored latents, more than the {MAX_IMAGE_STEPS:,} a "
+                             f"rollout holds; lower group_size, prompts_per_iteration or num_steps")
         if self.sde_kind == "cps" and self.noise_level > 1:
             raise ValueError(f"noise_level {self.noise_level} is above 1, the most the cps SDE takes (its std is "
                              f"sigma_next·sin(noise_level·π/2))")
