@@ -132,11 +132,20 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
                           bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
         _live.add(proc)
         try:
+            held: list[str] = []  # a traceback being read: relayed once its last line says whose it is
             for line in proc.stdout:  # type: ignore[union-attr]
                 line = line.rstrip()
                 tail.append(line)
-                if line and "\r" not in line:
-                    log.info("[%s] %s", run, line)
+                if held or line.startswith("Traceback (most recent call last):"):
+                    held.append(line)
+                    if len(held) == 1 or line.startswith((" ", "\t")):
+                        continue
+                    if not _launchers_traceback(held):  # a worker's own traceback is shown; accelerate's is not
+                        _relay(log, run, held)
+                    held = []
+                    continue
+                _relay(log, run, [line])
+            _relay(log, run, held)
             rc = proc.wait()
         finally:
             _stop_group(proc)
@@ -144,6 +153,18 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
     if _stopping:  # stopped by a signal to this launcher, not a death of its own
         raise Interrupted(_stopping[0])
     return rc, tail
+
+
+def _relay(log, run: str, lines: list[str]) -> None:  # noqa: ANN001
+    for line in lines:
+        if line and "\r" not in line and not line.startswith(_ERROR_CLASS):  # the class line is for the launcher
+            log.info("[%s] %s", run, line)
+
+
+def _launchers_traceback(lines: list[str]) -> bool:
+    """Whether a traceback is `accelerate launch` saying that its worker exited non-zero (a CalledProcessError
+    raised in accelerate's code): the worker said why already (its one sentence), and the launcher says it again."""
+    return lines[-1].startswith("subprocess.CalledProcessError:") and any("accelerate" in ln for ln in lines)
 
 
 def user_error(tail: deque) -> str | None:

@@ -237,3 +237,36 @@ def test_c2_products_of_sizes_are_bounded_with_one_sentence(overrides, says):
     with pytest.raises(ParamsError, match=says) as e:
         load_params(PARAMS, "ci", overrides)
     _one_sentence(str(e.value))
+
+
+# --- class 8: output a user can read -----------------------------------------------------------------------------
+
+
+def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci_project):
+    """A real `accelerate launch` whose worker stops on a user error (a prompt file it cannot use): what the launcher
+    relays is the worker's one sentence; accelerate's 10-line `CalledProcessError` traceback ("[run] Traceback …")
+    and the class line meant for the launcher are not shown."""
+    from test_worker_errors import _write_prompts
+
+    from jagg_core.setup.paths import Layout
+    from jagg_core.setup.storage import PromptFileError
+    from jagg_core.trainer.fingerprint import run_fingerprint
+    from tasks.launch import Machine, write_context
+    from tasks.train import _launch_workers
+
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+    context = lay.run_dir("jagg-s0") / ".worker-context-test.json"
+    write_context(context, params, lay, "", run_fingerprint(params, lay, "jagg", 0))
+    _write_prompts(lay, "")
+    lines = []
+
+    class Log:
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    with pytest.raises(PromptFileError, match="is an empty prompt"):
+        _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
+    shown = "\n".join(lines)
+    assert "is an empty prompt" in shown, shown
+    assert "Traceback" not in shown and "CalledProcessError" not in shown and "error class" not in shown, shown
