@@ -270,3 +270,57 @@ def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci
     shown = "\n".join(lines)
     assert "is an empty prompt" in shown, shown
     assert "Traceback" not in shown and "CalledProcessError" not in shown and "error class" not in shown, shown
+
+
+# --- class 6: typed values all the way down ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"run.seeds": [True]}, "run.seeds.0"),
+    ({"run.seeds": ["3"]}, "run.seeds.0"),
+    ({"run.seeds": [3.0]}, "run.seeds.0"),
+    ({"reward.weights": {"toy_fidelity": True}}, "reward.weights.toy_fidelity"),
+    ({"train.adam_betas": [True, 0.999]}, "train.adam_betas.0"),
+    ({"sample.sde_window_range": [False, True]}, "sample.sde_window_range.0"),
+    ({"sample.sde_window_range": ["0", "1"]}, "sample.sde_window_range.0"),
+    ({"model.options.lora": {"rank": True}}, "model.options.lora.rank"),
+    ({"model.options.lora": {"rank": "8"}}, "model.options.lora.rank"),
+    ({"model.options.lora": {"dropout": False}}, "model.options.lora.dropout"),
+    ({"reward.frames": [True]}, "reward.frames"),
+    ({"eval.metrics": []}, "eval.metrics"),
+    ({"tracking.retries": 1_000_000}, "tracking.retries"),
+])
+def test_c6_bools_and_quoted_counts_are_refused_inside_lists_and_dicts(overrides, says):
+    """Round 4's "true/false is not a number, "5" is not a count" held for top-level fields only: `run.seeds=[true]`
+    trained seed 1, `["3"]` seed 3, `reward.weights={toy_fidelity: true}` weighed 1.0; `eval.metrics=[]` passed
+    validation and failed once the MLflow run existed; `tracking.retries` had no upper bound. One sentence each."""
+    with pytest.raises(ParamsError, match=says.replace(".", r"\.")) as e:
+        load_params(PARAMS, "ci", overrides)
+    _one_sentence(str(e.value))
+
+
+def test_c6_valid_values_inside_lists_and_dicts_still_read():
+    """What was valid stays valid: numeric strings for numbers (YAML 1.1 reads 3e-4 as one), ints for numbers."""
+    p = load_params(PARAMS, "ci", {"run.seeds": [0, 7], "reward.weights": {"toy_fidelity": 1, "toy_preference": "5e-1"},
+                                   "train.adam_betas": [0.9, "0.99"], "sample.sde_window_range": [0, 1],
+                                   "model.options.lora": {"rank": 4, "alpha": 8}, "tracking.retries": 20})
+    assert p.run.seeds == [0, 7] and p.reward.weights == {"toy_fidelity": 1.0, "toy_preference": 0.5}
+    assert p.train.adam_betas == (0.9, 0.99) and p.model.options["lora"]["rank"] == 4
+
+
+def test_c6_yaml_merge_keys_are_read_in_a_file_and_in_set(tmp_path):
+    """`<<: *base` and `<<: [*a, *b]` are YAML that `yaml.safe_load` reads; the duplicate-key loader refused them as
+    "not valid YAML". A key written beside the merge overrides the merged one; a key written twice is still refused."""
+    from tasks.common import parse_overrides
+
+    f = tmp_path / "params.yaml"
+    f.write_text(PARAMS.read_text().replace(
+        "  ci:\n", "  merged:\n    world: &w {seed: 3}\n    pretrain: {<<: *w, steps: 40}\n"
+        "    train: {<<: [{iterations: 3}, {lr: 0.0002}], micro_batch: 8}\n  ci:\n", 1))
+    p = load_params(f, "merged")
+    assert p.pretrain.seed == 3 and p.pretrain.steps == 40
+    assert p.train.iterations == 3 and p.train.lr == 0.0002 and p.train.micro_batch == 8
+    sets = parse_overrides(["train={<<: {iterations: 5, lr: 0.001}, lr: 0.002}"])
+    assert sets == {"train": {"iterations": 5, "lr": 0.002}}
+    with pytest.raises(ParamsError, match="appears twice"):
+        parse_overrides(["train={<<: {iterations: 5}, lr: 0.1, lr: 0.2}"])

@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal, Mapping, Union, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
@@ -51,6 +51,20 @@ def _jagg_frac(v: Any) -> float | str | None:
 
 
 JaggFrac = Annotated[Union[float, str, None], BeforeValidator(_jagg_frac)]
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} must be a number, not true/false")
+    return v
+
+
+# Typed all the way down: what a list or a dict holds is read as strictly as a top-level field (round 4's
+# `_Section._no_silent_coercion` sees top-level values only). A count is pydantic's strict int: a whole number as
+# written, never true/false, "3" or 3.0. A number is a float that is never true/false (a numeric string still reads,
+# as YAML 1.1 reads 3e-4 as one).
+Count = Annotated[int, Strict()]
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class _Section(BaseModel):
@@ -103,9 +117,9 @@ class _LoraOptions(BaseModel):
     """``model.options.lora`` (the policies' LoRA keys; ``model.lora`` is the usual place)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
-    rank: Annotated[int, Field(ge=0, le=4096)] = 0
-    alpha: Union[Annotated[float, Field(gt=0, le=1e6)], None] = None
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    rank: Annotated[Count, Field(ge=0, le=4096)] = 0
+    alpha: Union[Annotated[Number, Field(gt=0, le=1e6)], None] = None
+    dropout: Annotated[Number, Field(ge=0, lt=1)] = 0.0
     target_modules: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=1000)
 
 
@@ -253,7 +267,7 @@ class SampleConfig(_Section):
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
     sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
-    sde_window_range: tuple[Annotated[int, Field(ge=0, le=1000)], Annotated[int, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+    sde_window_range: tuple[Annotated[Count, Field(ge=0, le=1000)], Annotated[Count, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")
@@ -291,7 +305,7 @@ class TrainConfig(_Section):
     iterations: int = Field(32, ge=1, description="GRPO iterations (rollout + update)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
+    adam_betas: tuple[Number, Number] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW eps")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     clip_range: float = Field(1e-3, gt=0, description="PPO clip range epsilon_c")
@@ -359,7 +373,7 @@ class MethodConfig(_Section):
 
 class RunConfig(_Section):
     methods: list[str] = Field(default_factory=lambda: ["baseline", "jagg", "ablate"], description="methods run")
-    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
+    seeds: list[Annotated[Count, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
                                                                    description="training seeds (0 or more)")
 
     @field_validator("methods", "seeds")
@@ -374,7 +388,7 @@ class RunConfig(_Section):
 
 
 class RewardConfig(_Section):
-    weights: dict[str, float] = Field(
+    weights: dict[str, Number] = Field(
         default_factory=lambda: {"toy_fidelity": 1.0},
         description="reward name -> weight of the training reward"
     )
@@ -385,7 +399,7 @@ class RewardConfig(_Section):
         "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
         "is not drowned by one with a large spread",
     )
-    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[int] = Field(
+    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[Count] = Field(
         "all", description="which frames of a clip (video backbones) the image rewards score, averaged per clip: "
         "first, last, all, a count N (evenly spaced) or a list of frame indices; images ignore it")
 
@@ -420,8 +434,8 @@ class EvalConfig(_Section):
         None, description="HPDv2 folder with benchmark/<style>.json and test.json (default: the HF cache; the toy: "
         "its test split)"
     )
-    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"],
-                               description="metrics scored")
+    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"], min_length=1,
+                               description="metrics scored (at least one: the first is the report's primary score)")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
     num_steps: int = Field(12, ge=1, le=1000, description="ODE sampling steps")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="base seed; image i of prompt group g uses derive_seed(seed, g, i)")
@@ -441,7 +455,8 @@ class EvalConfig(_Section):
 class TrackingConfig(_Section):
     mlflow_uri: str = Field("sqlite:///mlflow.db", description="MLflow store; relative sqlite paths are repo-relative")
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
-    retries: int = Field(5, ge=0, description="retries of a failed MLflow call (exponential backoff)")
+    retries: int = Field(5, ge=0, le=20, description="retries of a failed MLflow call (exponential backoff, at most "
+                                                   "20: a store down for longer is buffered or one sentence)")
     ui_url: str = Field("http://127.0.0.1:5000", pattern=r"^https?://\S+$",
                         description="the MLflow UI that links (Prefect artifacts) point to: `jagg services up`'s")
 

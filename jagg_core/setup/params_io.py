@@ -75,12 +75,27 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last).
+
+    Merge keys (``<<: *base``, ``<<: [*a, *b]``) are YAML's own: PyYAML flattens them (a key written beside the merge
+    overrides the merged one, as ``yaml.safe_load`` reads it); only the keys written in the mapping itself must be
+    distinct. A merge copies its mapping's entries, so a chain of merges is bounded like an alias bomb."""
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        super().flatten_mapping(node)  # PyYAML's recursion comes back here for every merged mapping
+        if len(node.value) > _MAX_NODES:
+            raise yaml.YAMLError(f"merge keys expand a mapping to more than {_MAX_NODES:,} entries "
+                                 f"(line {node.start_mark.line + 1})")
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # flattened by construct_mapping below
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.YAMLError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1})")
