@@ -7,7 +7,7 @@ import sys
 from typing import Iterator
 
 from jagg_core.setup.config import Params
-from jagg_core.setup.paths import Layout
+from jagg_core.setup.paths import Layout, PathRuleError, inside
 from jagg_core.setup.redact import redact
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
@@ -111,17 +111,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="only write a grid of the evaluated base model's test images here (e.g. docs/base_model_grid.png)")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    if args.base_grid:
+    # One rule for where a path argument may point (inside the project, a folder or a file as it names), checked
+    # before any work: `--base-grid /x` made a folder at the filesystem root, `--copy-to` onto a file was a traceback.
+    grid = inside(ROOT, args.base_grid, "--base-grid", kind="file") if args.base_grid else None
+    dest = inside(ROOT, args.copy_to, "--copy-to", kind="dir") if args.copy_to else None
+    if grid is not None:
         from jagg_core.pipeline.report_figures import base_model_grid
 
-        print(base_model_grid(layout(params), ROOT / args.base_grid))
+        if grid.suffix.lower() != ".png":
+            raise PathRuleError(f"--base-grid {args.base_grid!r} must name a .png file.")
+        print(base_model_grid(layout(params), grid))
         return 0
     lay = layout(params)
     summary = report(params, lay, sweep=args.sweep)
-    if args.copy_to:
+    if dest is not None:
         import shutil
 
-        dest = ROOT / args.copy_to
         dest.mkdir(parents=True, exist_ok=True)
         for name in ["summary.json", *summary["figures"].values()]:
             shutil.copyfile(lay.report_dir / name, dest / name)

@@ -324,3 +324,148 @@ def test_c6_yaml_merge_keys_are_read_in_a_file_and_in_set(tmp_path):
     assert sets == {"train": {"iterations": 5, "lr": 0.002}}
     with pytest.raises(ParamsError, match="appears twice"):
         parse_overrides(["train={<<: {iterations: 5}, lr: 0.1, lr: 0.2}"])
+
+
+# --- classes 4 and 5: every argument checked as what it names; files a stage reads are bounded regular files ------
+
+
+@pytest.mark.parametrize("name", ["jagg-s0\n", "jagg-s\u0663", "jagg-s" + "9" * 20, "jagg-s2147483648",
+                                  "../../../esc/x-s0", "jagg-s007", "JAGG-s0", "x" * 65 + "-s0", "jagg-s-1", ""])
+def test_c4_one_parser_for_run_names(name):
+    """`evaluate --run` and `export --run` read a run name with one parser, which takes exactly what `run_name` writes
+    for a method and a seed that run.methods and --seed accept (a trailing newline, non-ASCII digits and 20-digit
+    seeds passed Python's `$` and `\\d`; `../../../esc/x-s0` exported a checkpoint from outside the project)."""
+    from jagg_core.errors import UserError
+    from jagg_core.setup.paths import parse_run_name
+
+    with pytest.raises(UserError, match="is not a run name") as e:
+        parse_run_name(name)
+    _one_sentence(str(e.value))
+    assert parse_run_name("jagg-s0") == ("jagg", 0)
+    assert parse_run_name("ablate-matched-s2147483647") == ("ablate-matched", 2**31 - 1)
+
+
+def test_c4_evaluate_and_export_refuse_what_is_not_a_run_and_open_no_mlflow_run(tmp_path):
+    """Before any work and before an MLflow run exists (evaluate made a FAILED run for each such name)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    for module, name in [("tasks.evaluate", "jagg-s0\n"), ("tasks.evaluate", "jagg-s" + "1" * 20),
+                         ("tasks.export", "../../../esc/x-s0")]:
+        out = run_module(module, "--profile", "ci", "--run", name, root=root, timeout=300)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert "is not a run name" in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]  # no mlflow.db, no exports/, nothing
+
+
+@pytest.mark.parametrize("args, says", [
+    (["tasks.report", "--base-grid", "/tmp/jagg-r5-grid.png"], "--base-grid '/tmp/jagg-r5-grid.png' leads outside"),
+    (["tasks.report", "--base-grid", "../grid.png"], "leads outside the project"),
+    (["tasks.report", "--base-grid", "data"], "is not a regular file"),
+    (["tasks.report", "--base-grid", "params.yaml/x.png"], "goes through params.yaml, a file"),
+    (["tasks.report", "--copy-to", "params.yaml"], "--copy-to 'params.yaml' is a file, not a folder"),
+    (["tasks.report", "--copy-to", "/"], "leads outside the project"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "/etc"], "--main-job '/etc' leads outside the project"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "reports/damaged"], "is not a report's summary"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "reports/fifo"], "not a regular file"),
+])
+def test_c4_path_arguments_follow_one_rule(args, says, tmp_path):
+    """`report --copy-to` and `--base-grid` wrote anywhere (`--base-grid` made a folder at the filesystem root) and
+    gave tracebacks onto a file or a folder; `bench --main-job` read any folder and gave a traceback on a damaged
+    summary.json. One rule (inside the project; a folder or a file as the argument names), one sentence, exit 1,
+    nothing written."""
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    shutil.copy(PARAMS, root / "params.yaml")
+    (root / "reports" / "damaged").mkdir(parents=True)
+    (root / "reports" / "damaged" / "summary.json").write_text('[{"iteration_breakdown": 1}]')
+    (root / "reports" / "fifo").mkdir()
+    os.mkfifo(root / "reports" / "fifo" / "summary.json")
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    out = run_module(*args[:1], "--profile", "ci", *args[1:], root=root, timeout=120)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert says in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    assert not Path("/tmp/jagg-r5-grid.png").exists()
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder", "huge"])
+def test_c5_prompt_files_are_bounded_regular_files(kind, tmp_path):
+    """`train.jsonl` as a symlink to /dev/zero was read until killed (memory growing), a FIFO hung, a folder was an
+    IsADirectoryError traceback. Now one sentence each, at once."""
+    import time
+
+    from jagg_core.setup.storage import MAX_READ_BYTES, PromptFileError, read_prompts
+
+    path = tmp_path / "train.jsonl"
+    if kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with open(path, "wb") as f:
+            f.truncate(MAX_READ_BYTES + 1)  # sparse: no disk used
+    t0 = time.monotonic()
+    with pytest.raises(PromptFileError) as e:
+        read_prompts(path)
+    assert time.monotonic() - t0 < 5
+    text = _one_sentence(str(e.value))
+    assert str(path) in text and ("regular file" in text or "folder" in text or "larger than" in text), text
+
+
+def test_c5_a_torn_line_in_the_offline_metrics_buffer_is_skipped_not_a_traceback(tmp_path, caplog):
+    """A run killed while appending to `mlflow-pending.jsonl` leaves a torn last line: replaying it was a
+    JSONDecodeError traceback that marked the trained run FAILED. The whole records are sent, the torn one is named
+    in a warning."""
+    import json
+
+    from jagg_core.pipeline.tracking import MlflowLogger, Tracker
+
+    params = load_params(PARAMS, "ci", {"tracking.mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db"})
+    tracker = Tracker(params, tmp_path)
+    run_id = tracker.child_run("torn", "jagg-s0", method="jagg", seed=0, key="k")
+    buffer = tmp_path / "runs" / "mlflow-pending.jsonl"
+    buffer.parent.mkdir(parents=True)
+    good = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
+    buffer.write_text(json.dumps(good) + "\n" + json.dumps({**good, "step": 2})[:25])
+    logger = MlflowLogger(tracker, run_id, buffer)
+    assert logger.pending() == 1
+    assert logger.flush() == 1
+    assert not buffer.exists()
+    history = tracker.client.get_metric_history(run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+    assert any("line 2 is not a whole record" in r.getMessage() for r in caplog.records)
+
+
+def test_c5_a_curve_with_nan_or_inf_rows_is_reported_not_a_crash(tmp_path):
+    """`nan` / `inf` rows (a skipped update's reward, a damaged time) made `jagg report` crash in its statistics
+    (statistics.pstdev: AttributeError); a value that is not finite is not a measurement: the speed table and the
+    iteration breakdown are built without it."""
+    import math
+
+    from jagg_core.pipeline.report import _Run, iteration_breakdown, read_curve, speed_table
+
+    curve = tmp_path / "curve.tsv"
+    curve.write_text("iteration\treward/mean\ttime/iteration\ttime/update\ttime/rollout\n1\t0.5\t1.0\t0.5\t0.3\n"
+                     "2\tnan\tinf\t0.4\t0.3\n3\t0.6\t1.1\t-inf\t0.3\n4\tinf\tnan\tnan\tnan\n")
+    params = load_params(PARAMS, "toy", {"run.methods": ["jagg"]})
+    runs = [_Run("jagg", 0, read_curve(curve), None)]
+    (speed,) = speed_table(params, runs)
+    assert speed["time/update"] == pytest.approx(0.4)  # iterations 2-4 (the first is warm-up): only 0.4 is finite
+    (phases,) = iteration_breakdown(runs, params.train)
+    assert phases["iteration_s"] == pytest.approx(1.1) and math.isfinite(phases["overhead_share"])
+
+
+def test_c5_a_refused_report_leaves_no_empty_folder(tmp_path):
+    """`jagg report --set outputs=ghost` (nothing evaluated there) is one sentence and leaves no empty report
+    folder behind."""
+    from jagg_core.pipeline.report import ReportError, build_report
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "toy", {"profile": "rep", "outputs": "ghost"})
+    lay = Layout.of(params, tmp_path)
+    with pytest.raises(ReportError, match="nothing to report"):
+        build_report(params, lay)
+    assert not lay.report_dir.exists() and not any(tmp_path.iterdir())

@@ -337,11 +337,43 @@ class MlflowLogger:
             f.flush()
             os.fsync(f.fileno())
 
+    def _records(self) -> list[dict]:
+        """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
+        damaged byte) is skipped with a warning naming the file and the line: the records around it still reach the
+        store, and a trained run is not failed for one lost metrics line."""
+        import json
+
+        from jagg_core.setup.storage import read_regular
+
+        data = read_regular(self.buffer, TrackingError, fix="move it aside (the run's buffered metrics are in it)")
+        records, bad = [], []
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            ok = isinstance(record, dict) and (
+                record.get("kind") == "metrics" and isinstance(record.get("metrics"), dict)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in record["metrics"].values())
+                and isinstance(record.get("step"), int) and isinstance(record.get("time"), int)
+                or record.get("kind") == "image" and isinstance(record.get("file"), str)
+                and isinstance(record.get("key"), str) and isinstance(record.get("step"), int))
+            if ok:
+                records.append(record)
+            else:
+                bad.append(n)
+        if bad:
+            log.warning("MLflow: %s line %s is not a whole record (a write cut short?); skipped%s.", self.buffer,
+                        bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
+        return records
+
     def pending(self) -> int:
         """Records waiting in the buffer for the store."""
         if self.buffer is None or not self.buffer.exists():
             return 0
-        return sum(1 for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip())
+        return len(self._records())
 
     def flush(self, retries: int | None = None) -> int:
         """Send the buffered records, oldest first; returns how many were sent. Raises :class:`TrackingError` (the
@@ -351,7 +383,7 @@ class MlflowLogger:
 
         if self.buffer is None or not self.buffer.exists():
             return 0
-        records = [json.loads(line) for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = self._records()
         for i, record in enumerate(records):
             try:
                 self._send(record, retries=retries)
