@@ -469,3 +469,37 @@ def test_c5_a_refused_report_leaves_no_empty_folder(tmp_path):
     with pytest.raises(ReportError, match="nothing to report"):
         build_report(params, lay)
     assert not lay.report_dir.exists() and not any(tmp_path.iterdir())
+
+
+# --- class 3: a stage never writes one profile's settings into another's folder ------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["tasks.prepare", "tasks.pretrain", "tasks.train", "tasks.evaluate"])
+def test_c3_a_profile_override_cannot_write_into_another_profiles_folders(stage, tmp_path):
+    """`jagg prepare --profile ci --set profile=toy` exited 0 and rewrote data/toy/prompts with ci's prompts (train,
+    pretrain and evaluate took the same path; only the flows refused a `profile` override). One sentence, exit 1,
+    nothing written."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    extra = {"tasks.train": ["--method", "jagg"], "tasks.evaluate": ["--run", "jagg-s0"]}.get(stage, [])
+    out = run_module(stage, "--profile", "ci", "--set", "profile=toy", *extra, root=root, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "would write profile 'ci'" in _one_sentence(out.stderr.removeprefix("jagg: error: "))
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]
+
+
+def test_c3_an_empty_profile_overlay_with_no_sections_is_refused(tmp_path):
+    """A params file holding `profile: ci` and `profiles: {ci: {}}` passed round 4's check (`profile: ci` alone) and
+    prepare overwrote data/ci/prompts with the code's sizes; what was there is kept."""
+    root = tmp_path / "project"
+    (root / "data" / "ci" / "prompts").mkdir(parents=True)
+    kept = root / "data" / "ci" / "prompts" / "train.jsonl"
+    kept.write_text('{"prompt": "kept"}\n')
+    (root / "params.yaml").write_text("profile: ci\nprofiles: {ci: {}}\n")
+    out = run_module("tasks.prepare", root=root, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "every value would be the code's default" in _one_sentence(out.stderr.removeprefix("jagg: error: "))
+    assert kept.read_text() == '{"prompt": "kept"}\n'
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
+        "data/ci/prompts/train.jsonl", "params.yaml"]

@@ -233,14 +233,21 @@ def load_params(
                           f"folders).")
     if name not in profiles and name != raw.get("profile", "toy"):
         raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
-    if name not in profiles and not (set(raw) - {"profile"}):
-        # `profile: ci` alone: every value would be the code's default (and prepare would overwrite ci's prompts)
-        raise ParamsError(f"{source} defines profile {name!r} nowhere and holds no sections: every value would be "
-                          f"the code's default; add `profiles: {{{name}: ...}}` or the sections, or pass the "
-                          f"repository's params.yaml.")
     overlay = profiles.get(name) or {}
     if not isinstance(overlay, dict):
         raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")
+    if not overlay and not (set(raw) - {"profile"}):
+        # `profile: ci` alone, or with `profiles: {ci: {}}`: every value would be the code's default (and prepare
+        # would overwrite ci's prompts with the code's sizes)
+        where = "defines it as nothing" if name in profiles else "defines it nowhere"
+        raise ParamsError(f"{source} {where} (profile {name!r}) and holds no sections: every value would be the "
+                          f"code's default; add `profiles: {{{name}: ...}}` with its settings or the sections, or pass "
+                          f"the repository's params.yaml.")
+    given = (overrides or {}).get("profile", name)
+    if given != name:
+        # the profile names the folders (prompts, base model, runs): its settings would be written into another's
+        raise ParamsError(f"--set profile={str(given)[:64]} would write profile {name!r}'s settings into the folders "
+                          f"of {str(given)[:64]!r}; pass --profile {str(given)[:64]} instead.")
     tree = deep_merge(raw, overlay)
     tree["profile"] = name
     for dotted, value in (overrides or {}).items():
