@@ -244,8 +244,9 @@ def load_params(
                           f"code's default; add `profiles: {{{name}: ...}}` with its settings or the sections, or pass "
                           f"the repository's params.yaml.")
     given = (overrides or {}).get("profile", name)
-    if given != name:
-        # the profile names the folders (prompts, base model, runs): its settings would be written into another's
+    if given != name and (given in profiles or given == raw.get("profile", "toy")):
+        # the profile names the folders (prompts, base model, runs): its settings would be written into those of
+        # another profile of the file (a name no profile has is a scratch layout of its own, as the tests use)
         raise ParamsError(f"--set profile={str(given)[:64]} would write profile {name!r}'s settings into the folders "
                           f"of {str(given)[:64]!r}; pass --profile {str(given)[:64]} instead.")
     tree = deep_merge(raw, overlay)
