@@ -93,6 +93,10 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     cfg.validate()
     log = stage_logger("bench")
     root = Path(root)
+    if main_job:  # a report folder inside the project (one rule for path arguments), read before the work
+        from jagg_core.setup.paths import inside
+
+        inside(root, main_job, "--main-job", kind="dir")
     job = {**read_main_job(root / main_job), "label": str(main_job)} if main_job else None  # fails before the work
     device = str(pick_device(params))
     specs = ([profile_spec(params, device=device, params_path=params_path or root / "params.yaml", root=root)]

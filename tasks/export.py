@@ -28,7 +28,12 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
     from jagg_core.policies.lora import load_trainable_state_dict
     from jagg_core.trainer.checkpoint import list_checkpoints
 
+    from jagg_core.setup.paths import inside, parse_run_name
+
+    parse_run_name(run)  # one reading of a run name: `../../esc/x-s0` names no run (it exported from outside)
     lay = layout(params, root)
+    if out:
+        inside(root, out, "--out", kind="dir")
     found = list_checkpoints(lay.checkpoints(run))
     if not found:
         raise ExportError(f"run {run!r} of profile {params.profile!r} has no complete checkpoint under "

@@ -27,7 +27,8 @@ from jagg_core.errors import UserError
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
 
-__all__ = ["Interrupted", "die_with_parent", "error_class", "launch", "stop_on_signals", "local_context", "read_context",
+__all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "launch", "outcome_file", "read_outcome",
+           "user_error_class", "stop_on_signals", "local_context", "read_context",
            "remove_stale_contexts", "report_error_class", "user_error", "write_context", "worker_error"]
 
 
@@ -131,11 +132,20 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
                           bufsize=1, preexec_fn=_own_group_dying_with_parent) as proc:
         _live.add(proc)
         try:
+            held: list[str] = []  # a traceback being read: relayed once its last line says whose it is
             for line in proc.stdout:  # type: ignore[union-attr]
                 line = line.rstrip()
                 tail.append(line)
-                if line and "\r" not in line:
-                    log.info("[%s] %s", run, line)
+                if held or line.startswith("Traceback (most recent call last):"):
+                    held.append(line)
+                    if len(held) == 1 or line.startswith((" ", "\t")):
+                        continue
+                    if not _launchers_traceback(held):  # a worker's own traceback is shown; accelerate's is not
+                        _relay(log, run, held)
+                    held = []
+                    continue
+                _relay(log, run, [line])
+            _relay(log, run, held)
             rc = proc.wait()
         finally:
             _stop_group(proc)
@@ -145,6 +155,18 @@ def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, 
     return rc, tail
 
 
+def _relay(log, run: str, lines: list[str]) -> None:  # noqa: ANN001
+    for line in lines:
+        if line and "\r" not in line and not line.startswith(_ERROR_CLASS):  # the class line is for the launcher
+            log.info("[%s] %s", run, line)
+
+
+def _launchers_traceback(lines: list[str]) -> bool:
+    """Whether a traceback is `accelerate launch` saying that its worker exited non-zero (a CalledProcessError
+    raised in accelerate's code): the worker said why already (its one sentence), and the launcher says it again."""
+    return lines[-1].startswith("subprocess.CalledProcessError:") and any("accelerate" in ln for ln in lines)
+
+
 def user_error(tail: deque) -> str | None:
     """The workers' own error sentence (``jagg: error: ...``) among their last lines, if they stopped with one."""
     errors = [ln for ln in tail if ln.startswith("jagg: error:")]
@@ -152,20 +174,77 @@ def user_error(tail: deque) -> str | None:
 
 
 _ERROR_CLASS = "jagg: error class: "
+_MAX_OUTCOME = 64 * 1024  # an outcome is a class name and one sentence
+
+
+def outcome_file(context: str | os.PathLike, pid: int | None = None) -> Path:
+    """Where a worker started with ``context`` writes its outcome (one file per worker process)."""
+    return Path(f"{context}.outcome-{os.getpid() if pid is None else pid}")
+
+
+def _write_outcome(context: str | os.PathLike | None, kind: str, cls: str, message: str) -> None:
+    """A worker's error, as a file beside its context that its launcher reads after the exit: a channel that no
+    amount of output (a long traceback, accelerate's own lines) can scroll away."""
+    if context is None:
+        return
+    path = outcome_file(context)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"kind": kind, "class": cls, "message": message[:4000]}, f)
+    except OSError:  # a full or read-only disk: the launcher falls back to the worker's last lines
+        pass
+
+
+def clear_outcomes(context: str | os.PathLike) -> None:
+    """Remove what workers of an earlier launch with this context wrote."""
+    import glob
+
+    for p in Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*"):
+        p.unlink(missing_ok=True)
+
+
+def read_outcome(context: str | os.PathLike | None) -> dict | None:
+    """The workers' outcome after their exit (their files removed): a user error of the run's own (``kind``
+    "user", its ``class`` as ``module:Class`` and its sentence) before a Python error (``kind`` "worker"), or None when
+    no worker wrote one (a death: killed, out of memory, a crash)."""
+    import glob
+
+    if context is None:
+        return None
+    found = []
+    for p in sorted(Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*")):
+        try:
+            with open(p, "rb") as f:
+                record = json.loads(f.read(_MAX_OUTCOME + 1)[:_MAX_OUTCOME])
+        except (OSError, ValueError):
+            record = None
+        finally:
+            p.unlink(missing_ok=True)
+        if isinstance(record, dict) and record.get("kind") in ("user", "worker") and \
+                all(isinstance(record.get(k), str) for k in ("class", "message")):
+            found.append(record)
+    found.sort(key=lambda r: r["kind"] != "user")
+    return found[0] if found else None
 
 
 @contextlib.contextmanager
-def report_error_class() -> Iterator[None]:
-    """In a worker: an error of its own (a :class:`~jagg_core.errors.UserError`) also names its class on stderr, just
-    before the entry point prints its sentence, so that its launcher raises the same class (:func:`error_class`)."""
+def report_error_class(context: str | os.PathLike | None = None) -> Iterator[None]:
+    """In a worker: an error of its own (a :class:`~jagg_core.errors.UserError`) names its class on stderr, just
+    before the entry point prints its sentence; any other exception is printed as ``jagg: worker error: Class:
+    message``. Given the worker's ``context``, both also go to the worker's outcome file (:func:`read_outcome`), which
+    the launcher reads whatever the worker printed after them."""
     try:
         yield
     except UserError as e:
-        print(f"{_ERROR_CLASS}{type(e).__module__}:{type(e).__qualname__}", file=sys.stderr, flush=True)
+        name = f"{type(e).__module__}:{type(e).__qualname__}"
+        print(f"{_ERROR_CLASS}{name}", file=sys.stderr, flush=True)
+        _write_outcome(context, "user", name, str(e))
         raise
     except Exception as e:  # noqa: BLE001  (any other error of its own: the same input fails the same way again)
         text = " ".join(str(e).split())[:300]
         print(f"{_WORKER_ERROR}{type(e).__name__}: {text}", file=sys.stderr, flush=True)
+        _write_outcome(context, "worker", type(e).__name__, text)
         raise
 
 
@@ -179,22 +258,23 @@ def worker_error(tail: deque) -> str | None:
     return errors[-1].removeprefix(_WORKER_ERROR) if errors else None
 
 
-
-
-def error_class(tail: deque, default: type[UserError]) -> type[UserError]:
-    """The user-error class a worker named among its last lines (one of the project's own, looked up by name, never
-    anything else: the line is a worker's output), else ``default``."""
-    names = [ln.removeprefix(_ERROR_CLASS) for ln in tail if ln.startswith(_ERROR_CLASS)]
-    if not names:
-        return default
-    module, _, name = names[-1].partition(":")
-    if module.split(".")[0] not in ("jagg_core", "tasks") or not name.isidentifier():
+def user_error_class(name: str, default: type[UserError]) -> type[UserError]:
+    """The project's own user-error class ``module:Class`` (looked up by name, never anything else: the name comes
+    from a worker), else ``default``."""
+    module, _, cls_name = name.partition(":")
+    if module.split(".")[0] not in ("jagg_core", "tasks") or not cls_name.isidentifier():
         return default
     try:
-        cls = getattr(importlib.import_module(module), name)
+        cls = getattr(importlib.import_module(module), cls_name)
     except (ImportError, AttributeError):
         return default
     return cls if isinstance(cls, type) and issubclass(cls, UserError) else default
+
+
+def error_class(tail: deque, default: type[UserError]) -> type[UserError]:
+    """The user-error class a worker named among its last lines (:func:`user_error_class`), else ``default``."""
+    names = [ln.removeprefix(_ERROR_CLASS) for ln in tail if ln.startswith(_ERROR_CLASS)]
+    return user_error_class(names[-1], default) if names else default
 
 
 def remove_stale_contexts(folder: Path, pattern: str) -> None:

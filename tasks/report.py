@@ -7,7 +7,8 @@ import sys
 from typing import Iterator
 
 from jagg_core.setup.config import Params
-from jagg_core.setup.paths import Layout
+from jagg_core.setup.paths import Layout, PathRuleError, inside
+from jagg_core.setup.redact import redact
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      stage_logger)
@@ -26,7 +27,8 @@ def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     tracker.logger(parent).log_metrics(_sweep_metrics(summary), 0)
     tracker.finish(parent)  # the report is the sweep's last stage
     log.info("report: %s", lay.report_dir / "index.html")
-    _prefect_artifacts(lay, summary, params.tracking.ui_url.rstrip("/"), tracker.experiment_id, parent)
+    # Prefect stores an artifact's data (and its events) as given: the UI's URL goes there redacted, as everywhere.
+    _prefect_artifacts(lay, summary, redact(params.tracking.ui_url.rstrip("/")), tracker.experiment_id, parent)
     return summary
 
 
@@ -79,11 +81,12 @@ def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: s
         if not (FlowRunContext.get() or TaskRunContext.get()):
             return
         key = f"jagg-{lay.outputs}".replace("_", "-")
-        create_table_artifact(artifact_rows(summary), key=f"{key}-scores",
+        ui_url = redact(ui_url)  # whoever calls: what reaches Prefect's database holds no secret
+        create_table_artifact(redact(artifact_rows(summary)), key=f"{key}-scores",
                               description=f"Final test metrics (mean over seeds) and speeds, {lay.outputs}")
         create_link_artifact(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_id}", link_text="the sweep in MLflow",
                              key=f"{key}-mlflow", description="The sweep's MLflow parent run (`jagg services up`)")
-        create_markdown_artifact(report_markdown(lay, ui_url, run_id), key=f"{key}-report",
+        create_markdown_artifact(redact(report_markdown(lay, ui_url, run_id)), key=f"{key}-report",
                                  description="jagg report")
     except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect links)
         stage_logger("report").warning("could not create the Prefect artifacts: %s", e)
@@ -106,17 +109,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="only write a grid of the evaluated base model's test images here (e.g. docs/base_model_grid.png)")
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    if args.base_grid:
+    # One rule for where a path argument may point (inside the project, a folder or a file as it names), checked
+    # before any work: `--base-grid /x` made a folder at the filesystem root, `--copy-to` onto a file was a traceback.
+    grid = inside(ROOT, args.base_grid, "--base-grid", kind="file") if args.base_grid else None
+    dest = inside(ROOT, args.copy_to, "--copy-to", kind="dir") if args.copy_to else None
+    if grid is not None:
         from jagg_core.pipeline.report_figures import base_model_grid
 
-        print(base_model_grid(layout(params), ROOT / args.base_grid))
+        if grid.suffix.lower() != ".png":
+            raise PathRuleError(f"--base-grid {args.base_grid!r} must name a .png file.")
+        print(base_model_grid(layout(params), grid))
         return 0
     lay = layout(params)
     summary = report(params, lay, sweep=args.sweep)
-    if args.copy_to:
+    if dest is not None:
         import shutil
 
-        dest = ROOT / args.copy_to
         dest.mkdir(parents=True, exist_ok=True)
         for name in ["summary.json", *summary["figures"].values()]:
             shutil.copyfile(lay.report_dir / name, dest / name)

@@ -34,8 +34,9 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, retry_only_died, stage_logger)
-from .launch import (Machine, accelerate_command, die_with_parent, error_class, launch, local_context, read_context,
-                     remove_stale_contexts, report_error_class, stop_on_signals, user_error, worker_error, write_context)
+from .launch import (Machine, accelerate_command, clear_outcomes, die_with_parent, error_class, launch, local_context,
+                     read_context, read_outcome, remove_stale_contexts, report_error_class, stop_on_signals, user_error,
+                     user_error_class, worker_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -89,9 +90,13 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
     n = params.resources.num_machines
     where = f" as machine {machine.rank} of {n} (rank 0 at {machine.address})" if n > 1 else ""
     log.info("launching %s%s: %s", run, where, " ".join(cmd[:14]) + " ...")
-    rc, tail = launch(cmd, lay, env, run, log)
+    clear_outcomes(context)
+    try:
+        rc, tail = launch(cmd, lay, env, run, log)
+    finally:
+        outcome = read_outcome(context)  # what a worker said of its own error, whatever it printed after it
     if rc != 0:
-        raise _failure(run, rc, tail)
+        raise _failure(run, rc, tail, outcome)
 
 
 def check_train_prompts(params: Params, lay: Layout) -> None:
@@ -113,7 +118,16 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
                                   f"world's grammar; regenerate the file with `jagg prepare`.") from None
 
 
-def _failure(run: str, rc: int, tail: deque) -> TrainingError:
+def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> TrainingError:
+    """What a failed launch raises: the worker's own error from its outcome file (:func:`tasks.launch.read_outcome`),
+    which no output can scroll away; without one, what its last lines say; else a death (the one error retried)."""
+    if outcome and outcome["kind"] == "user":  # the run's own error, as its own class (never retried)
+        cls = user_error_class(outcome["class"], TrainingError)
+        return (TrainingError if issubclass(cls, WorkerDied) else cls)(f"training run {run} failed: "
+                                                                       f"{outcome['message']}")
+    if outcome:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
+        return TrainingError(f"training run {run} failed in its worker with {outcome['class']}: "
+                             f"{outcome['message']}")
     error = user_error(tail)
     if error:  # the run's own error, as its own class: the same input fails the same way again (never retried)
         cls = error_class(tail, TrainingError)
@@ -160,6 +174,11 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
+    if not tracker.claim(mlflow_run):  # another live process trains it: this one neither trains nor ends its run
+        from jagg_core.setup.storage import LockedError
+
+        raise LockedError(f"training run {run} is being trained by process {tracker.owner_of(mlflow_run)} (MLflow run "
+                          f"{mlflow_run}); wait for it to end, or stop it, then run this again.")
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
     with tracker.ending(mlflow_run):
         from jagg_core.setup.faults import fault
@@ -281,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
         die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
         params, lay, ctx = read_context(args.worker_context)
-        with report_error_class():  # its own error reaches the launcher as its own class
+        with report_error_class(args.worker_context):  # its own error reaches the launcher as its own class
             worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
                    restart=ctx.get("restart", False))
         return 0

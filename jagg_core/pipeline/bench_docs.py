@@ -323,12 +323,33 @@ def read_main_job(report_dir: str | Path) -> dict:
     """The iteration breakdown of a finished `jagg run` (its report's summary.json); one sentence if there is none."""
     from jagg_core.bench.models import BenchError
 
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    from jagg_core.setup.storage import read_regular
+
+    class _Phase(BaseModel):  # what _main_job and breakdown_rows read of each method's breakdown
+        model_config = ConfigDict(extra="allow", allow_inf_nan=True)
+        method: str
+        iteration_s: float
+        overhead_share: float
+        phases: dict[str, float]
+
+    class _Summary(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        profile: str
+        iteration_breakdown: list[_Phase] = Field(default_factory=list)
+        speed: list[dict] = Field(default_factory=list)
+
     path = Path(report_dir) / "summary.json"
+    fix = "run `jagg run` (or `make run`) first, or leave --main-job out"
     try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise BenchError(f"--main-job {report_dir}: no readable report summary at {path}; run `jagg run` (or "
-                         "`make run`) first, or leave --main-job out.") from None
+        summary = json.loads(read_regular(path, BenchError, limit=64 << 20, fix=fix).decode("utf-8"))
+        _Summary.model_validate(summary)
+    except (ValueError, ValidationError) as e:  # not UTF-8, not JSON, not a report's summary
+        if isinstance(e, BenchError):
+            raise BenchError(f"--main-job {report_dir}: {e}") from None
+        raise BenchError(f"--main-job {report_dir}: {path} is not a report's summary ({type(e).__name__}); rerun "
+                         f"its report stage (`jagg report`).") from None
     if not summary.get("iteration_breakdown") or not (Path(report_dir) / "iteration.png").exists():
         raise BenchError(f"--main-job {report_dir}: the report has no iteration breakdown (written by an older "
                          "jagg); rerun its report stage.")

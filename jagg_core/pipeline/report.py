@@ -39,14 +39,20 @@ class ReportError(UserError, ValueError):
 
 def read_curve(path: Path) -> list[dict[str, float]]:
     """A run's ``curve.tsv``; a damaged one (not UTF-8, a row that is not numbers) is one :class:`ReportError`."""
-    if not path.exists():
+    from jagg_core.setup.storage import read_regular
+
+    if not path.exists() and not path.is_symlink():
         return []
+    data = read_regular(path, ReportError, fix="train the run again (or put the file back) before the report")
     try:
-        rows = csv.DictReader(io.StringIO(path.read_bytes().decode("utf-8")), delimiter="\t")
+        rows = csv.DictReader(io.StringIO(data.decode("utf-8")), delimiter="\t")
         out = []
         for line, r in enumerate(rows, start=2):
             try:
-                out.append({str(k): float(v) for k, v in r.items() if v not in ("", None)})
+                # a value that is not finite (a skipped update's NaN reward, a damaged inf) was not measured: the
+                # statistics see it as missing, as a phase that did not run
+                out.append({str(k): x for k, v in r.items() if v not in ("", None)
+                            for x in (float(v),) if math.isfinite(x)})
             except (TypeError, ValueError):
                 raise ReportError(f"{path} line {line} is not a row of numbers; the curve is damaged: train the run "
                                   f"again (or fix that line) before the report.") from None
@@ -58,11 +64,14 @@ def read_curve(path: Path) -> list[dict[str, float]]:
 
 def read_eval(path: Path) -> dict[str, Any] | None:
     """An evaluation's ``metrics.json`` (None where there is none); a damaged one is one :class:`ReportError`."""
-    if not path.exists():
+    from jagg_core.setup.storage import read_regular
+
+    if not path.exists() and not path.is_symlink():
         return None
     again = f"run `jagg evaluate --run {path.parent.name}` again to rewrite it"
+    data = read_regular(path, ReportError, fix=again)
     try:
-        card = json.loads(path.read_bytes().decode("utf-8"))
+        card = json.loads(data.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise ReportError(f"{path} cannot be read as JSON ({type(e).__name__}); {again}.") from None
     metrics = card.get("metrics") if isinstance(card, dict) else None
@@ -72,6 +81,10 @@ def read_eval(path: Path) -> dict[str, Any] | None:
     if not good:
         raise ReportError(f"{path} does not hold an evaluation's metrics (a mapping of metric -> its finite "
                           f"benchmark score); {again}.")
+    curve = card.setdefault("curve", [])  # an evaluation of one checkpoint has no curve over steps
+    if not isinstance(curve, list) or not all(isinstance(p, dict) and isinstance(p.get("step"), (int, float))
+                                              for p in curve):
+        raise ReportError(f"{path} holds a curve that is not a list of steps' scores; {again}.")
     return card
 
 
@@ -231,7 +244,6 @@ def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[floa
 def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     """Write the report of ``params.profile``; returns its summary (also ``summary.json``)."""
     out = lay.report_dir
-    out.mkdir(parents=True, exist_ok=True)
     runs = _load_runs(params, lay)
     base_mf = lay.eval_dir("base") / "metrics.json"
     base = read_eval(base_mf)
@@ -240,6 +252,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     if base is None and not any(r.eval for r in runs):  # an empty report, exit 0, would look like a result
         raise ReportError(f"nothing to report: no evaluation under {base_mf.parent.parent} (neither the base model "
                           f"nor a run of run.methods); run `jagg evaluate` first.")
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused report leaves no empty folder behind
     metrics = list(params.eval.metrics)
 
     # Final evaluation per method: mean ± std over seeds of the benchmark score.

@@ -54,6 +54,40 @@ def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v)[:6000] for k, v in flatten(redact(dict(tree))).items()}
 
 
+# Which process runs an MLflow run: `host:pid:start time` (psutil's create_time, so a pid taken over by another
+# process is not mistaken for the owner). A stage ends only runs it owns; a RUNNING run whose owner is gone is reaped.
+OWNER_TAG = "jagg.owner"
+
+
+def owner_id(pid: int | None = None) -> str:
+    import socket
+
+    import psutil
+
+    pid = os.getpid() if pid is None else pid
+    return f"{socket.gethostname()}:{pid}:{psutil.Process(pid).create_time():.2f}"
+
+
+def owner_alive(owner: str) -> bool | None:
+    """Whether the process ``owner`` names still runs: None where this machine cannot tell (another host, a tag it
+    cannot read)."""
+    import socket
+
+    import psutil
+
+    host, _, rest = owner.partition(":")
+    pid, _, started = rest.partition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    try:
+        proc = psutil.Process(int(pid))
+        return f"{proc.create_time():.2f}" == started and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except (psutil.AccessDenied, ValueError, OverflowError):
+        return None
+
+
 class Tracker:
     """One MLflow store and one experiment; creates or finds parent (sweep) and child (run) runs by tags."""
 
@@ -132,12 +166,13 @@ class Tracker:
         """The run of ``run`` (``<method>-s<seed>`` or ``base``) in ``sweep``, keyed by ``key`` (its fingerprint)."""
         parent = self.sweep_run(sweep)
         tags = {"jagg.kind": "run", "jagg.sweep": sweep, "jagg.run": run, "jagg.key": key}
+        self.reap(run)  # runs of this name left RUNNING by a process that is gone (a SIGKILLed `jagg run`): KILLED
         run_id = self._find(tags)
         if run_id is None:
             # Not nested under the parent (MLflow's UI would show one collapsed row and empty charts until a user
             # expands it): every run is a row of its own, side by side; `jagg.parent_run` points to the sweep's run.
             all_tags = {**tags, "jagg.parent_run": parent, "mlflow.runName": run, "profile": self.params.profile,
-                        **self._source_tags(), **(extra_tags or {})}
+                        OWNER_TAG: owner_id(), **self._source_tags(), **(extra_tags or {})}
             if method is not None:
                 all_tags["method"] = method
             if seed is not None:
@@ -194,7 +229,50 @@ class Tracker:
         return _SystemMetrics(monitor)
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
-        self._call(lambda: self.client.set_terminated(run_id, status), "finish a run")
+        """End ``run_id`` with ``status`` — if this process owns it (:meth:`claim`; a run without an owner, a sweep's,
+        is anyone's): a stage never ends a run another live process runs (`jagg evaluate` while it trains)."""
+        if self._owned_here(run_id):
+            self._call(lambda: self.client.set_terminated(run_id, status), "finish a run")
+
+    def _owned_here(self, run_id: str) -> bool:
+        owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG)
+        return owner is None or owner == owner_id()
+
+    def claim(self, run_id: str) -> bool:
+        """Make this process the owner of ``run_id`` (RUNNING, tagged with this process) unless another live process
+        runs it; returns whether it did. A run whose owner is gone is taken over."""
+        from mlflow.entities import RunStatus
+
+        run = self._call(lambda: self.client.get_run(run_id), "read a run")
+        owner = run.data.tags.get(OWNER_TAG)
+        if run.info.status == "RUNNING" and owner not in (None, owner_id()) and owner_alive(owner) is not False:
+            return False
+        self.set_tags(run_id, {OWNER_TAG: owner_id()})
+        if run.info.status != "RUNNING":
+            self._call(lambda: self.client.update_run(run_id, RunStatus.to_string(RunStatus.RUNNING)), "reopen a run")
+        return True
+
+    def owner_of(self, run_id: str) -> str:
+        """Who runs ``run_id`` (``host:pid``), for a sentence."""
+        owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG) or "?"
+        return ":".join(owner.split(":")[:2])
+
+    def reap(self, run: str) -> list[str]:
+        """Runs named ``run`` left RUNNING by a process of this machine that no longer runs (SIGKILL, a crash, the
+        OOM killer) are marked KILLED; returns their ids. A run of another machine, or without an owner, is kept."""
+        query = f"tags.`jagg.run` = '{run}' and attributes.status = 'RUNNING'"
+        found = self._call(lambda: self.client.search_runs([self.experiment_id], query, max_results=100),
+                           "search runs")
+        reaped = []
+        for r in found:
+            owner = r.data.tags.get(OWNER_TAG)
+            if owner and owner != owner_id() and owner_alive(owner) is False:
+                self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
+                self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
+                log.warning("MLflow run %s (%s) was left RUNNING by process %s, which is gone; marked KILLED",
+                            r.info.run_id, run, ":".join(owner.split(":")[:2]))
+                reaped.append(r.info.run_id)
+        return reaped
 
     @contextlib.contextmanager
     def ending(self, run_id: str, *, only_running: bool = False) -> Iterator[None]:
@@ -206,7 +284,10 @@ class Tracker:
         except BaseException as e:
             status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
             try:
-                if not only_running or self.client.get_run(run_id).info.status == "RUNNING":
+                run = self.client.get_run(run_id)
+                owner = run.data.tags.get(OWNER_TAG)
+                mine = owner is None or owner == owner_id()  # another live process's run is not ended here
+                if mine and (not only_running or run.info.status == "RUNNING"):
                     self.client.set_terminated(run_id, status)
             except Exception as err:  # noqa: BLE001  (the store itself may be what failed: say so, raise the cause)
                 log.warning("MLflow run %s could not be marked %s (%s)", run_id, status, redact(str(err)))
@@ -337,11 +418,43 @@ class MlflowLogger:
             f.flush()
             os.fsync(f.fileno())
 
+    def _records(self) -> list[dict]:
+        """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
+        damaged byte) is skipped with a warning naming the file and the line: the records around it still reach the
+        store, and a trained run is not failed for one lost metrics line."""
+        import json
+
+        from jagg_core.setup.storage import read_regular
+
+        data = read_regular(self.buffer, TrackingError, fix="move it aside (the run's buffered metrics are in it)")
+        records, bad = [], []
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            ok = isinstance(record, dict) and (
+                record.get("kind") == "metrics" and isinstance(record.get("metrics"), dict)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in record["metrics"].values())
+                and isinstance(record.get("step"), int) and isinstance(record.get("time"), int)
+                or record.get("kind") == "image" and isinstance(record.get("file"), str)
+                and isinstance(record.get("key"), str) and isinstance(record.get("step"), int))
+            if ok:
+                records.append(record)
+            else:
+                bad.append(n)
+        if bad:
+            log.warning("MLflow: %s line %s is not a whole record (a write cut short?); skipped%s.", self.buffer,
+                        bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
+        return records
+
     def pending(self) -> int:
         """Records waiting in the buffer for the store."""
         if self.buffer is None or not self.buffer.exists():
             return 0
-        return sum(1 for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip())
+        return len(self._records())
 
     def flush(self, retries: int | None = None) -> int:
         """Send the buffered records, oldest first; returns how many were sent. Raises :class:`TrackingError` (the
@@ -351,7 +464,7 @@ class MlflowLogger:
 
         if self.buffer is None or not self.buffer.exists():
             return 0
-        records = [json.loads(line) for line in self.buffer.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = self._records()
         for i, record in enumerate(records):
             try:
                 self._send(record, retries=retries)

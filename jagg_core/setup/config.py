@@ -13,11 +13,11 @@ import math
 import re
 from typing import Annotated, Any, Literal, Mapping, Union, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
-from .redact import redact
+from .redact import redact, remember
 
 __all__ = [
     "KNOWN_BACKBONES",
@@ -31,6 +31,10 @@ KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
 KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
                  "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
+# A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
+# anything is allocated (the paper's recipes take at most 384 images of 51 steps; the toy 128 of 13).
+MAX_IMAGES_PER_ITERATION = 8192
+MAX_IMAGE_STEPS = 262_144
 MAX_NAME = 64  # a name (profile, outputs, method) becomes folder names and MLflow run names: keep it short
 
 
@@ -47,6 +51,20 @@ def _jagg_frac(v: Any) -> float | str | None:
 
 
 JaggFrac = Annotated[Union[float, str, None], BeforeValidator(_jagg_frac)]
+
+
+def _not_bool(v: Any) -> Any:
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} must be a number, not true/false")
+    return v
+
+
+# Typed all the way down: what a list or a dict holds is read as strictly as a top-level field (round 4's
+# `_Section._no_silent_coercion` sees top-level values only). A count is pydantic's strict int: a whole number as
+# written, never true/false, "3" or 3.0. A number is a float that is never true/false (a numeric string still reads,
+# as YAML 1.1 reads 3e-4 as one).
+Count = Annotated[int, Strict()]
+Number = Annotated[float, BeforeValidator(_not_bool)]
 
 
 class _Section(BaseModel):
@@ -99,9 +117,9 @@ class _LoraOptions(BaseModel):
     """``model.options.lora`` (the policies' LoRA keys; ``model.lora`` is the usual place)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
-    rank: Annotated[int, Field(ge=0, le=4096)] = 0
-    alpha: Union[Annotated[float, Field(gt=0, le=1e6)], None] = None
-    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    rank: Annotated[Count, Field(ge=0, le=4096)] = 0
+    alpha: Union[Annotated[Number, Field(gt=0, le=1e6)], None] = None
+    dropout: Annotated[Number, Field(ge=0, lt=1)] = 0.0
     target_modules: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=1000)
 
 
@@ -252,7 +270,7 @@ class SampleConfig(_Section):
     )
     timestep_fraction: float = Field(1.0, gt=0, le=1, description="fraction of groups trained per iteration")
     sde_window_size: int = Field(4, ge=1, description="flow_grpo_fast, mix_grpo: SDE (trained) steps per rollout")
-    sde_window_range: tuple[Annotated[int, Field(ge=0, le=1000)], Annotated[int, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
+    sde_window_range: tuple[Annotated[Count, Field(ge=0, le=1000)], Annotated[Count, Field(ge=0, le=1000)]] = Field((0, 1), description="flow_grpo_fast, mix_grpo: [lo, hi) of the window "
                                               "start")
     window_shift_every: int = Field(25, ge=1, description="mix_grpo: iterations before the window moves on "
                                     "(MixGRPO's shift interval)")
@@ -277,6 +295,15 @@ class SampleConfig(_Section):
 
     @model_validator(mode="after")
     def _window_fits(self) -> "SampleConfig":
+        images = self.group_size * self.prompts_per_iteration
+        if images > MAX_IMAGES_PER_ITERATION:  # each bounded on its own, their product was an out-of-memory error
+            raise ValueError(f"group_size {self.group_size} × prompts_per_iteration {self.prompts_per_iteration} is "
+                             f"{images:,} images per iteration, more than the {MAX_IMAGES_PER_ITERATION:,} a rollout "
+                             f"holds (its latents at every step are kept for the update); lower one of them")
+        if images * (self.num_steps + 1) > MAX_IMAGE_STEPS:
+            raise ValueError(f"{images:,} images per iteration × (num_steps {self.num_steps} + 1) is "
+                             f"{images * (self.num_steps + 1):,} stored latents, more than the {MAX_IMAGE_STEPS:,} a "
+                             f"rollout holds; lower group_size, prompts_per_iteration or num_steps")
         if self.sde_kind == "cps" and self.noise_level > 1:
             raise ValueError(f"noise_level {self.noise_level} is above 1, the most the cps SDE takes (its std is "
                              f"sigma_next·sin(noise_level·π/2))")
@@ -293,7 +320,7 @@ class TrainConfig(_Section):
     iterations: int = Field(32, ge=1, description="GRPO iterations (rollout + update)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
+    adam_betas: tuple[Number, Number] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1)")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW eps")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient-norm clip")
     clip_range: float = Field(1e-3, gt=0, description="PPO clip range epsilon_c")
@@ -361,7 +388,7 @@ class MethodConfig(_Section):
 
 class RunConfig(_Section):
     methods: list[str] = Field(default_factory=lambda: ["baseline", "jagg", "ablate"], description="methods run")
-    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
+    seeds: list[Annotated[Count, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
                                                                    description="training seeds (0 or more)")
 
     @field_validator("methods", "seeds")
@@ -376,7 +403,7 @@ class RunConfig(_Section):
 
 
 class RewardConfig(_Section):
-    weights: dict[str, float] = Field(
+    weights: dict[str, Number] = Field(
         default_factory=lambda: {"toy_fidelity": 1.0},
         description="reward name -> weight of the training reward"
     )
@@ -387,7 +414,7 @@ class RewardConfig(_Section):
         "each reward's advantages are group-normalised, then weighted and summed, so a reward with a small spread "
         "is not drowned by one with a large spread",
     )
-    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[int] = Field(
+    frames: Literal["first", "last", "all"] | Annotated[int, Field(ge=1)] | list[Count] = Field(
         "all", description="which frames of a clip (video backbones) the image rewards score, averaged per clip: "
         "first, last, all, a count N (evenly spaced) or a list of frame indices; images ignore it")
 
@@ -422,8 +449,8 @@ class EvalConfig(_Section):
         None, description="HPDv2 folder with benchmark/<style>.json and test.json (default: the HF cache; the toy: "
         "its test split)"
     )
-    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"],
-                               description="metrics scored")
+    metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"], min_length=1,
+                               description="metrics scored (at least one: the first is the report's primary score)")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
     split: Literal["test", "validation"] = Field(
         "test", description="the toy world's split to evaluate on: test (what results report) or validation (what "
@@ -446,7 +473,8 @@ class EvalConfig(_Section):
 class TrackingConfig(_Section):
     mlflow_uri: str = Field("sqlite:///mlflow.db", description="MLflow store; relative sqlite paths are repo-relative")
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
-    retries: int = Field(5, ge=0, description="retries of a failed MLflow call (exponential backoff)")
+    retries: int = Field(5, ge=0, le=20, description="retries of a failed MLflow call (exponential backoff, at most "
+                                                   "20: a store down for longer is buffered or one sentence)")
     ui_url: str = Field("http://127.0.0.1:5000", pattern=r"^https?://\S+$",
                         description="the MLflow UI that links (Prefect artifacts) point to: `jagg services up`'s")
 
@@ -542,6 +570,13 @@ class Params(_Section):
         if bad is not None:
             raise ValueError(f"{bad[0]} = {bad[1]!r} must be a finite number")
         return data
+
+    @model_validator(mode="after")
+    def _secrets_remembered(self) -> "Params":
+        """Every secret of valid params is redacted from whatever this process writes or logs later, also where a
+        library quotes it without its key or URL (:func:`jagg_core.setup.redact.remember`)."""
+        remember(self.model_dump(mode="json"))
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "Params":

@@ -3,8 +3,8 @@
 ``JAGG_FAULT="<point>@<iteration>:<action>"`` (several separated by ``,``): at ``point`` of iteration ``iteration``
 (1-based) do ``action``. The points: the trainer's ``rollout``, ``reward``, ``update`` and ``checkpoint``, and the
 launcher's ``run_created`` (``tasks/train.py``, iteration 0: once the MLflow run exists, before any worker starts).
-The actions: ``kill`` (SIGKILL this process), ``oserror`` (raise ENOSPC, as a full disk), ``term`` (SIGTERM this
-process), ``nan`` (the caller poisons its value with NaN).
+The actions: ``kill`` (SIGKILL this process), ``oserror`` (raise ENOSPC, as a full disk), ``eacces`` (raise
+PermissionError, as a read-only folder), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN).
 
 The training recipe's points are hooks (:data:`TRAINER_FAULTS`, called by ``jagg_core/trainer/loop.py`` at its named
 points), so that what a fault does to the recipe's values is written here, not in the recipe.
@@ -40,6 +40,8 @@ def fault(point: str, iteration: int) -> str | None:
             return action
         if action == "oserror":
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        if action == "eacces":
+            raise PermissionError(errno.EACCES, "Permission denied (injected)")
         return action
     return None
 

@@ -75,12 +75,27 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+    """YAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last).
+
+    Merge keys (``<<: *base``, ``<<: [*a, *b]``) are YAML's own: PyYAML flattens them (a key written beside the merge
+    overrides the merged one, as ``yaml.safe_load`` reads it); only the keys written in the mapping itself must be
+    distinct. A merge copies its mapping's entries, so a chain of merges is bounded like an alias bomb."""
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        super().flatten_mapping(node)  # PyYAML's recursion comes back here for every merged mapping
+        if len(node.value) > _MAX_NODES:
+            raise yaml.YAMLError(f"merge keys expand a mapping to more than {_MAX_NODES:,} entries "
+                                 f"(line {node.start_mark.line + 1})")
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     seen = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # flattened by construct_mapping below
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.YAMLError(f"key {key!r} appears twice in one mapping (line {key_node.start_mark.line + 1})")
@@ -218,14 +233,22 @@ def load_params(
                           f"folders).")
     if name not in profiles and name != raw.get("profile", "toy"):
         raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
-    if name not in profiles and not (set(raw) - {"profile"}):
-        # `profile: ci` alone: every value would be the code's default (and prepare would overwrite ci's prompts)
-        raise ParamsError(f"{source} defines profile {name!r} nowhere and holds no sections: every value would be "
-                          f"the code's default; add `profiles: {{{name}: ...}}` or the sections, or pass the "
-                          f"repository's params.yaml.")
     overlay = profiles.get(name) or {}
     if not isinstance(overlay, dict):
         raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")
+    if not overlay and not (set(raw) - {"profile"}):
+        # `profile: ci` alone, or with `profiles: {ci: {}}`: every value would be the code's default (and prepare
+        # would overwrite ci's prompts with the code's sizes)
+        where = "defines it as nothing" if name in profiles else "defines it nowhere"
+        raise ParamsError(f"{source} {where} (profile {name!r}) and holds no sections: every value would be the "
+                          f"code's default; add `profiles: {{{name}: ...}}` with its settings or the sections, or pass "
+                          f"the repository's params.yaml.")
+    given = (overrides or {}).get("profile", name)
+    if given != name and (given in profiles or given == raw.get("profile", "toy")):
+        # the profile names the folders (prompts, base model, runs): its settings would be written into those of
+        # another profile of the file (a name no profile has is a scratch layout of its own, as the tests use)
+        raise ParamsError(f"--set profile={str(given)[:64]} would write profile {name!r}'s settings into the folders "
+                          f"of {str(given)[:64]!r}; pass --profile {str(given)[:64]} instead.")
     tree = deep_merge(raw, overlay)
     tree["profile"] = name
     for dotted, value in (overrides or {}).items():

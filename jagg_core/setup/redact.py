@@ -11,15 +11,27 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-__all__ = ["flatten", "redact", "REDACTED"]
+__all__ = ["flatten", "redact", "remember", "REDACTED"]
 
 REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
                  "credential", "credentials", "cookie", "signature"}
 _SECRET_PHRASES = ("api_key", "access_key", "private_key", "secret_key", "session_key")
-# A URL's userinfo runs to the authority's last '@' (a password may hold '@' itself); "user:password" keeps the user,
-# a token alone (http://ghp_TOKEN@host) is all secret.
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^/\s?#]*)@", re.I)
+# A URL's userinfo: "user:password" keeps the user, a token alone (http://ghp_TOKEN@host) is all secret. The password
+# runs to the last '@' before the URL ends (whitespace, a quote, an angle bracket, a backtick or the next "://"): it
+# may hold '@', '/', '#' or '?' as typed (SQLAlchemy and requests take `postgresql://alice:Pa#ss@host/db` as written),
+# so the authority's RFC 3986 end is not where a secret ends. A token alone (no ':') holds no '/', '?' or '#', so
+# `http://h/a@b` (an '@' in a path) has no credentials; `http://h:80/a@b` is read as user h, password 80/a: too much
+# redacted, never too little.
+_URL_CREDENTIALS = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*://)"
+    r"(?P<userinfo>[^\s/?#:@\"'<>`]*:(?:(?!://)[^\s\"'<>`])*|[^\s/?#:\"'<>`]*)@", re.I)
+# Pieces of a secret that a library may quote on their own (requests parses `http://alice:Pa/ss@h` as host "alice"
+# and path "/ss@h"): every piece between '/', '#', '?', '@' or ':' at least this long is redacted too.
+_MIN_PIECE = 6
+# The secrets seen in this process (params validated, trees redacted): a log record or an error's text quotes them
+# without the key or the URL that marked them as secrets.
+_known: set[str] = set()
 
 
 def _url_secret(m: re.Match) -> str:
@@ -43,7 +55,7 @@ def _is_secret_key(key: str) -> bool:
 def _secret_values(tree: Any, out: set[str]) -> set[str]:
     if isinstance(tree, dict):
         for k, v in tree.items():
-            if _is_secret_key(k) and isinstance(v, (str, int, float)) and str(v):
+            if _is_secret_key(k) and isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v):
                 out.add(str(v))
             _secret_values(v, out)
     elif isinstance(tree, (list, tuple)):
@@ -68,9 +80,28 @@ def _redact(tree: Any, secrets: list[str]) -> Any:
     return tree
 
 
+def _forms(secret: str) -> set[str]:
+    """``secret`` and the forms it takes where it is quoted: percent-encoded, and its pieces between URL delimiters."""
+    from urllib.parse import quote, unquote
+
+    out = {secret, quote(secret, safe=""), quote(secret), unquote(secret)}
+    out.update(p for p in re.split(r"[/#?@:]", secret) if len(p) >= _MIN_PIECE)
+    return {f for f in out if len(f) >= 4}
+
+
+def remember(tree: Any) -> None:
+    """Keep the secrets of ``tree`` (by key and in URLs) for every later :func:`redact` of this process, so a string
+    that quotes one without its key or URL (a log record, a library's error) is redacted too."""
+    for secret in _secret_values(tree, set()):
+        if len(secret) >= 4:
+            _known.update(_forms(secret))
+
+
 def redact(tree: Any) -> Any:
-    """A copy of ``tree`` (dicts, lists, scalars) with every secret replaced by ``***``."""
-    secrets = sorted((s for s in _secret_values(tree, set()) if len(s) >= 4), key=len, reverse=True)
+    """A copy of ``tree`` (dicts, lists, scalars) with every secret replaced by ``***``: those of ``tree`` itself
+    and those this process has seen before (:func:`remember`)."""
+    remember(tree)
+    secrets = sorted(_known, key=len, reverse=True)
     return _redact(tree, secrets)
 
 

@@ -19,6 +19,8 @@ from ..errors import UserError
 
 __all__ = [
     "FolderLock",
+    "MAX_READ_BYTES",
+    "read_regular",
     "base_model_digest",
     "folder_digest",
     "LockedError",
@@ -128,13 +130,57 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+# What a stage reads besides params (prompt files, a run's buffered metrics, a report's summaries) is a regular file
+# of bounded size: /dev/zero would be read until memory ran out, a FIFO would block for ever.
+MAX_READ_BYTES = 256 << 20
+
+
+def read_regular(path: str | os.PathLike, error: type[Exception], *, limit: int = MAX_READ_BYTES,
+                 fix: str = "") -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (checked on the open descriptor, opened
+    without blocking), or one ``error`` sentence naming it: missing, a folder, a device, a FIFO or a socket,
+    too large, unreadable. ``fix`` is appended to each sentence (what to do)."""
+    import stat
+
+    path = Path(path)
+    tail = f"; {fix}" if fix else ""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        raise error(f"{path} does not exist{tail}.") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, not a file{tail}.") from None
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror or e}){tail}.") from None
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise error(f"{path} is a folder, not a file{tail}.")
+        if not stat.S_ISREG(info.st_mode):
+            raise error(f"{path} is not a regular file (a device, a FIFO or a socket){tail}.")
+        if info.st_size > limit:
+            raise error(f"{path} is larger than {limit:,} bytes, more than such a file holds{tail}.")
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror or e}){tail}.") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > limit:
+        raise error(f"{path} is larger than {limit:,} bytes, more than such a file holds{tail}.")
+    return data
+
+
 def read_prompts(path: str | os.PathLike) -> list[str]:
     """Prompts of a ``.jsonl`` file of ``{"prompt": ...}`` lines (or a ``.txt`` file, one per line)."""
     path = Path(path)
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
         raise PromptFileError(f"the prompt file {path} does not exist; run the prepare stage (`jagg prepare`).")
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(path, PromptFileError, fix="regenerate it with `jagg prepare`").decode(
+            "utf-8").splitlines()
     except UnicodeDecodeError:
         raise PromptFileError(f"{path} is not UTF-8 text.") from None
     prompts = []
@@ -178,7 +224,7 @@ def read_prompt_json(path: str | os.PathLike) -> Any:
     """A prompt file's JSON (a benchmark style file, a test list), or one :class:`PromptFileError` sentence."""
     path = Path(path)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(read_regular(path, PromptFileError, fix="put the prompt file back").decode("utf-8"))
     except json.JSONDecodeError as e:
         raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
     except UnicodeDecodeError:
