@@ -222,7 +222,8 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
         point = deployment_run("-p", "params_file=alt.yaml", "-p", 'overrides={"train.iterations": 1}')
         assert point.returncode == 0, point.stdout[-3000:] + point.stderr[-3000:]
         points = [p for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
-        assert len(points) == 1 and sorted(p.name for p in points[0].iterdir()) == ["jagg-s0"]
+        # its one run, and its own side-by-side timing (the speed stage)
+        assert len(points) == 1 and sorted(p.name for p in points[0].iterdir()) == ["jagg-s0", "speed.json"]
         assert (root / "reports" / points[0].name / "index.html").exists()
         assert (root / "reports/ci/index.html").exists()  # the profile's own report is untouched
 
