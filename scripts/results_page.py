@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--date", required=True)
     ap.add_argument("--commit", required=True)
     ap.add_argument("--out", default=str(ROOT / "docs/results.md"))
+    ap.add_argument("--note", default="", help="a paragraph on how this run went, printed under the verdict")
     args = ap.parse_args(argv)
 
     from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         ps_lines.append(
             f"| {m} | {r['seconds_per_iteration']:.2f} | {r['reached']} of {r['seeds']} | "
             + (f"{r['median_seconds']:.0f}" if r["median_seconds"] is not None else "–") + " | "
-            + (f"{ps['mean']:+.0f} {_iv(ps['lo'], ps['hi']).replace('+0.', '+0.')} ({ps['n']})" if ps["n"] > 1 and m != "baseline" else "–")
+            + (f"{ps['mean']:+.0f} s [{ps['lo']:+.0f}, {ps['hi']:+.0f}] ({ps['n']} seeds)" if ps["n"] > 1 and m != "baseline" else "–")
             + f" | {r['gain_per_1000s']['mean']:+.4f} | "
             + (f"{pr['mean']:+.4f} {_iv(pr['lo'], pr['hi'])}" if pr["n"] > 1 and m != "baseline" else "–") + " |")
     side = s.get("side_by_side") or {}
@@ -130,6 +131,8 @@ trainings){f", {args.cpu} of CPU time" if args.cpu else ""}; then `jagg speed` (
 read from [results/summary.json](results/summary.json) by `scripts/results_page.py`.
 
 **The verdict.** {s['verdict']}
+
+{args.note}
 
 ### What each method learned (test `toy_fidelity` from the base's {base[prim]:.4f}; `toy_preference` from {base[pref]:.4f})
 
