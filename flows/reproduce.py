@@ -16,6 +16,7 @@ from typing import Any
 
 from prefect import allow_failure, flow
 from prefect.context import FlowRunContext
+from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from jagg_core.setup.config import Params, ParamsError
@@ -86,14 +87,20 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     # report's speed table times every method side by side at the end instead: its interleaved measurement).
     runs = [(m, s) for s in params.run.seeds for m in params.run.methods]
     finished, evaluations = [], []
-    for i in range(0, len(runs), parallel_runs):
-        batch = runs[i : i + parallel_runs]
-        futures = [train_task.submit(params, m, s, sweep, restart) for m, s in batch]
-        finished += [f.result() for f in futures]
-        if parallel_runs > 1:  # a batch's evaluations run beside the next batch's trainings, one after another:
-            for m, s in batch:  # two model loads at once in one process are not safe (diffusers' meta-device init)
-                after = [allow_failure(evaluations[-1])] if evaluations else []
-                evaluations.append(evaluate_task.submit(params, run_name(m, s), sweep, wait_for=after))
+    pending, in_flight = list(runs), {}
+    while pending or in_flight:
+        # At most parallel_runs trainings in flight, the next one as soon as one finishes (no batch barrier)
+        while pending and len(in_flight) < parallel_runs:
+            m, s = pending.pop(0)
+            in_flight[train_task.submit(params, m, s, sweep, restart)] = (m, s)
+        done = next(as_completed(list(in_flight)))
+        m, s = in_flight.pop(done)
+        finished.append(done.result())
+        if parallel_runs > 1:
+            # Its evaluation runs beside the next trainings, one evaluation at a time: two model loads at once in
+            # one process are not safe (diffusers' meta-device init)
+            after = [allow_failure(evaluations[-1])] if evaluations else []
+            evaluations.append(evaluate_task.submit(params, run_name(m, s), sweep, wait_for=after))
     for f in evaluations:
         f.result()
     if parallel_runs == 1:

@@ -142,6 +142,7 @@ class StepOptions:
     policy: Any = None  # a loaded policy to reuse across steps (its weights are replaced); None: built from params
     progress: bool = False  # a progress bar while scoring
     part: Part = Part()  # this process's share
+    curve_subset: int | None = None  # also summarise the first N images per style (the curve's point, ``curve``)
 
 
 def evaluate_step(
@@ -218,6 +219,9 @@ def evaluate_step(
         scores = merge_score_parts(shares, prompts)
     summary = _summary(params, scores)
     result = {"step": step, "metrics": summary}
+    if options.curve_subset is not None:  # the learning curve's point: the fixed subset of these same images
+        n = options.curve_subset
+        result["curve"] = _summary(params, {k: {s: v[:n] for s, v in by_style.items()} for k, by_style in scores.items()})
     if part.main:
         atomic_write_text(out_dir / "scores.jsonl",
                           "".join(json.dumps(r) + "\n" for r in score_records(prompts, scores)))
@@ -277,6 +281,11 @@ def _flat(summary: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def _curve_subset(prompts: Mapping[str, Sequence[str]], n: int | None) -> int | None:
+    """``eval.curve_subset`` where it cuts the split (None where every style has at most N prompts)."""
+    return n if n is not None and any(len(ps) > n for ps in prompts.values()) else None
+
+
 def evaluate_run(
     params: Params,
     layout: Layout,
@@ -291,6 +300,11 @@ def evaluate_run(
 ) -> dict[str, Any]:
     """Evaluate every retained checkpoint of ``run`` (or the base model for ``run == "base"``) and write
     ``<eval_dir>/metrics.json`` with the last step's summary and the curve over steps.
+
+    With ``eval.curve_subset`` = N the checkpoints before the last are evaluated on the first N prompts per style
+    only, and every point of the curve (the last one's too, from the same images) is that fixed subset's summary:
+    the curve compares like with like, and the final scores (``metrics``) are the whole split's. MLflow gets the
+    curve under ``eval/…`` and, then, the last step's whole-split scores under ``eval/final/…``.
 
     ``report`` (e.g. a Prefect run logger's ``info``) gets one line per evaluated step. With ``part`` of several
     processes, each generates and scores its share on ``device`` (its own GPU); rank 0 writes and logs.
@@ -310,26 +324,34 @@ def evaluate_run(
             raise EvalError(f"run {run} has no complete checkpoint under {layout.checkpoints(run)}; train it first.")
         use_ema = params.train.ema_decay > 0
         steps = [(c.iteration, c) for c in found]
+    n_curve = _curve_subset(prompts, params.eval.curve_subset)
+    curve_prompts = {s: ps[:n_curve] for s, ps in prompts.items()} if n_curve else prompts
     curve = []
     policy = None
-    for step, ckpt in steps:
+    for k, (step, ckpt) in enumerate(steps):
         weights = None
         if ckpt is not None:
             weights = ckpt.tensors("ema" if use_ema and ckpt.has("ema") else "trainable")
         if policy is None:
             policy = policy_from_params(params, layout, device or pick_device(params))
+        last = k == len(steps) - 1
         res = evaluate_step(params, layout, eval_dir / "steps" / f"{step:06d}", weights=weights, step=step,
-                            prompts=prompts, options=StepOptions(policy, progress, part))
-        flat = _flat(res["metrics"])
+                            prompts=prompts if last else curve_prompts,
+                            options=StepOptions(policy, progress, part, n_curve if last else None))
+        flat = _flat(res.get("curve", res["metrics"]))
         if not part.main:
             curve.append({"step": step, **flat})
             continue
         logger.log_metrics(flat, step)
+        if "curve" in res:  # the whole split's scores of the last checkpoint, beside the curve's subset
+            logger.log_metrics({f"eval/final/{key[len('eval/'):]}": v for key, v in _flat(res["metrics"]).items()},
+                               step)
         if report is not None:
             report(f"evaluate {run}: step {step} ({len(curve) + 1}/{len(steps)}): " +
                    ", ".join(f"{m} {s['benchmark']:.4f}" for m, s in res["metrics"].items()))
         curve.append({"step": step, **flat})
     final = {"run": run, "step": steps[-1][0], "metrics": res["metrics"], "curve": curve,
+             "curve_prompts_per_style": n_curve,  # None: the curve's points are on the whole split
              "conventions": evaluation_conventions(params),  # what every score depends on (conventions.py)
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
     if not part.main:

@@ -270,13 +270,18 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     figures = {}
     # First: what GRPO learned on held-out prompts (the primary metric) and, beside it, the other scores
     base_scores = {m: base["metrics"][m]["benchmark"] for m in metrics if m in base["metrics"]} if base else None
-    if plot_learning(runs, metrics, base_scores, out / "learning.png", trained=list(params.reward.weights)):
+    # The curves' iteration 0 is the base model's curve point: with eval.curve_subset, its subset's score
+    curve_base = {m: base["curve"][0].get(f"eval/{m}", base_scores[m]) for m in base_scores} if (
+        base_scores and base.get("curve")) else base_scores
+    subset = _curve_prompts_per_style(runs, base)
+    if plot_learning(runs, metrics, curve_base, out / "learning.png", trained=list(params.reward.weights),
+                     subset=subset):
         figures["test split by iteration"] = "learning.png"
     # Beside it, the same curves against images seen and training seconds (one machine state: the `speed` stage)
     side = _side_by_side(lay, params.run.methods)
     spi = seconds_per_iteration(runs, side)
     images = params.sample.group_size * params.sample.prompts_per_iteration
-    if plot_per_second(runs, metrics[0], base_scores, spi, images, out / "per_second.png"):
+    if plot_per_second(runs, metrics[0], curve_base, spi, images, out / "per_second.png", subset=subset):
         figures["test split by images seen and training seconds"] = "per_second.png"
     if _plot_breakdown(breakdown, out / "iteration.png", "where an iteration's time goes"):
         figures["iteration breakdown"] = "iteration.png"
@@ -299,11 +304,11 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     paired = paired_differences(per_run, metrics[0])
     prompts = prompt_intervals(lay, runs, metrics, params.eval.protocol, PAIRS)
     _attach_intervals(final, paired, per_run, prompts, base_scores)
-    ttt = time_to_target(runs, metrics[0], base_scores[metrics[0]], spi, images) if (
-        base_scores and metrics[0] in base_scores) else {}
+    ttt = time_to_target(runs, metrics[0], curve_base[metrics[0]], spi, images) if (
+        curve_base and metrics[0] in curve_base) else {}
     summary = {"profile": params.profile, "primary": metrics[0], "runs": per_run,
                "paired": paired, "verdict": verdict(paired, metrics[0]), "prompt_intervals": prompts,
-               "seconds_per_iteration": spi, "time_to_target": ttt,
+               "seconds_per_iteration": spi, "time_to_target": ttt, "curve_prompts_per_style": subset,
                "side_by_side": _without_samples(side),
                "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
@@ -316,6 +321,16 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     atomic_write_text(out / "README.md", page_markdown(params, summary, breakdown))
     atomic_write_text(out / "index.html", page_html(params, summary, breakdown))
     return summary
+
+
+def _curve_prompts_per_style(runs: Sequence[_Run], base: dict[str, Any] | None) -> int | None:
+    """The prompts per style the evaluations' curves are on (``eval.curve_subset``; None: the whole split). Curves
+    on different subsets cannot share a figure: one sentence."""
+    found = {ev.get("curve_prompts_per_style") for ev in [base, *(r.eval for r in runs)] if ev}
+    if len(found) > 1:
+        raise ReportError(f"the evaluations' curves are on different test subsets ({sorted(found, key=str)} prompts "
+                          f"per style); evaluate every run again with the same eval.curve_subset.")
+    return next(iter(found), None)
 
 
 def _side_by_side(lay: Layout, methods: Sequence[str]) -> dict[str, Any] | None:

@@ -113,8 +113,10 @@ def _draw_curves(ax, by_method: dict[str, list[dict[float, float]]], *, markers:
     for i, (method, curves) in enumerate(by_method.items()):
         xs = sorted(set().union(*curves))
         stats = [mean_std([c[x] for c in curves if x in c]) for x in xs]
-        n = len(curves)
-        ax.plot(xs, [m for m, _ in stats], color=f"C{i}", label=f"{method} ({n} seed{'s' if n > 1 else ''})",
+        counts = [sum(x in c for c in curves) for x in xs]  # seeds behind each point, not runs with any point
+        n, lo = max(counts), min(counts)
+        seeds = f"{n} seed{'s' if n > 1 else ''}" if lo == n else f"{lo}–{n} seeds by point: partial"
+        ax.plot(xs, [m for m, _ in stats], color=f"C{i}", label=f"{method} ({seeds})",
                 marker="o" if markers else None, markersize=3)
         if n > 1:
             ax.fill_between(xs, [m - sd for m, sd in stats], [m + sd for m, sd in stats], color=f"C{i}", alpha=0.15)
@@ -143,8 +145,13 @@ def plot_curves(runs: Sequence[Any], key: str, title: str, path: Path, *, base_p
     return True
 
 
+def _split_label(subset: int | None) -> str:
+    """What the curves' points are scored on (``eval.curve_subset``)."""
+    return "test split" if subset is None else f"test split, first {subset} prompts/style"
+
+
 def plot_learning(runs: Sequence[Any], metrics: Sequence[str], base: dict[str, float] | None, path: Path, *,
-                  trained: Sequence[str] = ()) -> bool:
+                  trained: Sequence[str] = (), subset: int | None = None) -> bool:
     """The report's first figure: each evaluation metric on the held-out test split by iteration, one panel each
     side by side (the first metric, the primary, on the left), every method's mean over seeds with its ± sd band
     and the base model at iteration 0 — what GRPO learned and, beside it, what it cost."""
@@ -162,7 +169,7 @@ def plot_learning(runs: Sequence[Any], metrics: Sequence[str], base: dict[str, f
     for ax, (m, by_method) in zip(axes[0], panels):
         _draw_curves(ax, by_method, markers=True)
         role = "trained reward" if m in trained else "not trained on"
-        ax.set_title(f"test split: {m} ({role})", fontsize=10)
+        ax.set_title(f"{_split_label(subset)}: {m} ({role})", fontsize=10)
     _save_panels(fig, axes[0], path)
     return True
 
@@ -273,7 +280,8 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
 
 
 def plot_per_second(runs: Sequence[Any], metric: str, base: dict[str, float] | None,
-                    seconds_per_iteration: dict[str, dict[str, Any]], images_per_iteration: int, path: Path) -> bool:
+                    seconds_per_iteration: dict[str, dict[str, Any]], images_per_iteration: int, path: Path, *,
+                    subset: int | None = None) -> bool:
     """The primary held-out score against images seen (left) and training seconds (right): every method's mean over
     seeds with its ± sd band. Seconds at iteration k are k times the method's seconds per iteration
     (jagg_core/pipeline/report_stats.py: from one machine state where the `speed` stage ran)."""
@@ -293,6 +301,6 @@ def plot_per_second(runs: Sequence[Any], metric: str, base: dict[str, float] | N
         scaled = {m: [{x * scale(m): y for x, y in c.items()} for c in curves] for m, curves in by_method.items()}
         _draw_curves(ax, scaled, markers=True)
         ax.set_xlabel(label, fontsize=9)
-        ax.set_title(f"test split: {metric}", fontsize=10)
+        ax.set_title(f"{_split_label(subset)}: {metric}", fontsize=10)
     _save_panels(fig, axes, path)
     return True

@@ -185,12 +185,21 @@ def markdown_table(rows: Sequence[Sequence[object]]) -> str:
 PER_SECOND_FIGURE = "per_second.png"
 
 
+def _curve_note(summary: dict) -> str:
+    """Where the curves' points come from, when ``eval.curve_subset`` cut them to a subset of the test split."""
+    n = summary.get("curve_prompts_per_style")
+    return "" if not n else (f" (every curve point, the base model's and the final checkpoint's included, is scored "
+                             f"on the same fixed subset of the test split, its first {n} prompts per style; the "
+                             f"final scores and gains are the whole split's)")
+
+
 def _per_second_note(summary: dict) -> str:
     ttt = summary.get("time_to_target") or {}
     if not ttt:
         return ""
     return (f"The target is the baseline's mean final gain in `{ttt['metric']}` ({ttt['target_gain']:+.4f}); a run "
-            f"reaches it where its held-out curve (checkpoints, linearly interpolated) first does. Training seconds "
+            f"reaches it where its held-out curve (checkpoints, linearly interpolated) first does{_curve_note(summary)}. "
+            f"Training seconds "
             f"are iterations × the method's seconds per iteration: with the side-by-side measurement, its rollout and "
             f"the method's update from one machine state plus the rest of an iteration (the same work in every "
             f"method) pooled over the runs; paired intervals are Student-t over the seeds where both reached it.\n")
@@ -238,7 +247,9 @@ def page_markdown(params: Params, summary: dict, breakdown: list[list[str]]) -> 
 
 def _lead_figure_markdown(summary: dict) -> list[str]:
     """The first figure (what was learned on the test split, by iteration), shown under the final scores."""
-    return [f"![{key}]({name})\n" for key, name in list(summary["figures"].items())[:1]]
+    note = _curve_note(summary)
+    return [f"![{key}]({name})\n" + (f"\nThe curves{note}.\n" if note else "")
+            for key, name in list(summary["figures"].items())[:1]]
 
 
 def _html_table(rows: list[list[str]]) -> str:
@@ -253,6 +264,8 @@ def page_html(params: Params, summary: dict, breakdown: list[list[str]]) -> str:
     shown = [(v, f"<h2>{html.escape(k)}</h2><img src=\"{html.escape(v)}\" alt=\"{html.escape(k)}\">")
              for k, v in summary["figures"].items()]
     lead = shown[0][1] if shown else ""  # the first figure under the final scores
+    if lead and _curve_note(summary):
+        lead += f"<p>The curves{html.escape(_curve_note(summary))}.</p>"
     figs = "".join(h for v, h in shown[1:] if v != PER_SECOND_FIGURE)
     per_second = "".join(f"<img src=\"{PER_SECOND_FIGURE}\" alt=\"test split by training seconds\">"
                          for v, _ in shown if v == PER_SECOND_FIGURE)

@@ -452,6 +452,10 @@ class EvalConfig(_Section):
     metrics: list[str] = Field(default_factory=lambda: ["toy_fidelity", "toy_preference"], min_length=1,
                                description="metrics scored (at least one: the first is the report's primary score)")
     subset: int | None = Field(None, ge=1, description="first N prompts per style (of the test list)")
+    curve_subset: int | None = Field(
+        None, ge=1, description="the learning curve's checkpoints on the first N prompts per style only (a fixed subset, "
+        "the same for every run); the final checkpoint is evaluated on the whole split, and its curve point is the "
+        "same subset of those images (null: every checkpoint on the whole split)")
     split: Literal["test", "validation"] = Field(
         "test", description="the toy world's split to evaluate on: test (what results report) or validation (what "
                             "studies choose on; evaluations go to eval-validation/)")
