@@ -6,6 +6,7 @@ import torch
 
 from .setup.config import Params, ParamsError
 from .setup.paths import Layout
+from .setup.registry import backbone_spec
 
 __all__ = ["DTYPES", "check_model_files", "pick_device", "policy_from_params", "reward_from_params"]
 
@@ -36,18 +37,14 @@ def policy_from_params(params: Params, layout: Layout, device: torch.device):
 def check_model_files(params: Params, layout: Layout) -> None:
     """The model's files are where ``params.model`` says (a folder, or a hub id in the HF cache), checked without
     loading anything: a launcher says what is missing in one sentence before it starts any worker."""
-    import importlib
-
     path = params.model.path or (str(layout.base_model) if params.is_toy else None)
-    if params.model.backbone == "toy-flux":
-        from .policies.toy_flux import check_toy_flux_dir
-
-        check_toy_flux_dir(path)
+    spec = backbone_spec(params.model.backbone)
+    if spec.check_files is not None:
+        spec.check_files(path)
         return
     from .policies.diffusers_common import check_model_dir, resolve_model_dir
 
-    module = importlib.import_module(f".policies.{params.model.backbone}", __package__)
-    check_model_dir(resolve_model_dir(path, hub_id=module.HUB_ID), module.COMPONENTS, hub_id=module.HUB_ID)
+    check_model_dir(resolve_model_dir(path, hub_id=spec.hub_id), spec.components, hub_id=spec.hub_id)
 
 
 def reward_from_params(params: Params):

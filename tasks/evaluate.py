@@ -60,12 +60,13 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     n = params.eval.num_images_logged
     if n:
         from jagg_core.evaluation.benchmark import image_path, load_image
-        from jagg_core.evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
+        from jagg_core.evaluation.clip_layout import strip_path, strips_grid
+        from jagg_core.setup.registry import backbone_spec
 
         prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
         for point in result["curve"]:
             root = lay.eval_dir(run) / "steps" / f"{point['step']:06d}" / "images"
-            if params.model.backbone in VIDEO_BACKBONES:  # clips: their saved frame strips, one per row
+            if backbone_spec(params.model.backbone).video:  # clips: their saved frame strips, one per row
                 if prompts:
                     logger.log_image(strips_grid([strip_path(root, s, i) for s, i, _ in prompts],
                                                  [p for _, _, p in prompts]), "eval", point["step"])

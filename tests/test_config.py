@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from jagg_core.setup.config import KNOWN_BACKBONES, KNOWN_REWARDS, ParamsError
+from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params
 
 
@@ -60,12 +60,14 @@ def test_reward_frames_validates(frames, ok):
             load_params(REPO / "params.yaml", "ci", {"reward.frames": frames})
 
 
-def test_the_registries_match_the_names_the_config_knows():
+def test_the_built_in_plugins_are_registered_through_the_entry_points():
+    """jagg finds its own backbones and rewards the way it finds a user's: the `jagg.plugins` entry points."""
     from jagg_core.policies import available_backbones
     from jagg_core.rewards import available_rewards
 
-    assert tuple(available_backbones()) == KNOWN_BACKBONES
-    assert tuple(available_rewards()) == KNOWN_REWARDS
+    assert available_backbones() == ["flux", "qwenimage", "sd3", "toy-flux", "wan"]
+    assert available_rewards() == ["clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background",
+                                   "toy_fidelity", "toy_objects", "toy_precision", "toy_preference"]
 
 
 def test_overlays_merge_deeply_and_overrides_win(tmp_path):

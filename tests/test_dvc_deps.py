@@ -43,9 +43,18 @@ def _imports(path: Path, module: str) -> set[str]:
     return {m for m in found if m.split(".")[0] in LOCAL}
 
 
+def _plugin_modules() -> list[str]:
+    """The modules of jagg's built-in plugins: the `jagg.plugins` entry points of pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return list(project.get("entry-points", {}).get("jagg.plugins", {}).values())
+
+
 def import_closure(module: str) -> set[str]:
     """Repository files that ``python -m module`` may execute: every local import, at any depth, with the
-    ``__init__.py`` of every package on the way."""
+    ``__init__.py`` of every package on the way. The registry imports every built-in plugin by its entry point (a
+    validation of params reads their specs), so it counts as importing them."""
     files: set[Path] = set()
     todo, seen = [module], set()
     while todo:
@@ -60,6 +69,8 @@ def import_closure(module: str) -> set[str]:
             if f is not None and f not in files:
                 files.add(f)
                 todo.extend(_imports(f, name))
+                if name == "jagg_core.setup.registry":
+                    todo.extend(_plugin_modules())
     return {str(f.relative_to(REPO)) for f in files}
 
 

@@ -6,14 +6,15 @@ import pytest
 
 from conftest import REPO
 from jagg_core.setup.params_io import load_params
-from jagg_core.pipeline.plan import ARCHITECTURES, GPUS, format_plan, forward_flops, plan
+from jagg_core.pipeline.plan import GPUS, format_plan, forward_flops, plan
+from jagg_core.setup.registry import backbone_spec
 
 REAL = ("flux", "flux-fast", "qwenimage-dance", "qwenimage", "sd3", "wan")
 
 
 def test_forward_flops_by_hand():
     """2·N·S + 4·L·S²·d per image and step; S = (H/16)·(W/16) + text tokens; ×2 under CFG."""
-    a = ARCHITECTURES["flux"]
+    a = backbone_spec("flux").cost
     s = 32 * 32 + 512  # 512 px: 1024 image tokens + 512 T5 tokens
     assert forward_flops(a, 512, 512, 1) == pytest.approx(2 * 11.9e9 * s + 4 * 57 * s * s * 3072)
     assert forward_flops(a, 512, 512, 2) == pytest.approx(2 * forward_flops(a, 512, 512, 1))
@@ -21,7 +22,7 @@ def test_forward_flops_by_hand():
 
 def test_video_forward_flops_by_hand():
     """Wan: S = latent frames × patches (49 frames → 13; 512 px → 32 × 32), text by cross-attention."""
-    a = ARCHITECTURES["wan"]
+    a = backbone_spec("wan").cost
     s = 13 * 32 * 32
     want = 2 * 1.42e9 * s + 4 * 30 * s * s * 1536 + 4 * 30 * s * 512 * 1536
     assert forward_flops(a, 512, 512, 1, frames=49) == pytest.approx(want)

@@ -13,7 +13,8 @@ import shutil
 import pytest
 import torch
 
-from jagg_core.smoke import tiny_pipelines
+from jagg_core.policies import tiny as tiny_pipelines
+from jagg_core.setup.registry import backbone_spec
 from jagg_core import sde_step_with_logprob
 from jagg_core.policies import PolicyError, load_policy
 from jagg_core.policies.diffusers_common import check_tokenizer
@@ -53,7 +54,7 @@ def tiny_dir(tmp_path_factory):
 
     def get(backbone):
         if backbone not in folders:
-            folders[backbone] = tiny_pipelines.BUILDERS[backbone](tmp_path_factory.mktemp(backbone))
+            folders[backbone] = backbone_spec(backbone).stand_in(tmp_path_factory.mktemp(backbone))
         return folders[backbone]
 
     return get

@@ -16,7 +16,7 @@ import contextlib
 import pytest
 import torch
 
-from jagg_core.smoke import tiny_pipelines
+from jagg_core.policies import tiny as tiny_pipelines
 from wan_clip_evaluation import benchmark_folder, check_clip_evaluation_and_report
 from jagg_core import sde_step_with_logprob
 from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig

@@ -8,10 +8,7 @@ from typing import Any, Sequence
 
 from .benchmark import check_style
 
-__all__ = ["VIDEO_BACKBONES", "clip_complete", "clip_dir", "frame_path", "strip_path", "strips_grid"]
-
-VIDEO_BACKBONES = ("wan",)  # backbones whose samples are clips (B, F, 3, H, W)
-
+__all__ = ["clip_complete", "clip_dir", "frame_path", "strip_path", "strips_grid"]
 
 def clip_dir(root: str | Path, style: str, index: int) -> Path:
     """The folder of clip ``index`` of ``style``: ``<root>/<style>/<index:05d>``."""

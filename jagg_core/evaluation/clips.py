@@ -23,23 +23,25 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..setup.config import Params
+from ..setup.registry import backbone_spec
 from ..setup.storage import atomic_write_bytes
 from .benchmark import ScoreFn, load_image, merge_score_parts, score_batch
-from .clip_layout import VIDEO_BACKBONES, clip_complete, clip_dir, frame_path, strip_path
+from .clip_layout import clip_complete, clip_dir, frame_path, strip_path
 
-__all__ = ["VIDEO_BACKBONES", "clip_complete", "clip_frames", "frame_path", "save_clip", "score_clip_folder",
+__all__ = ["clip_complete", "clip_frames", "frame_path", "save_clip", "score_clip_folder",
            "strip_path"]
 
 
 def clip_frames(params: Params) -> list[int] | None:
     """The frame indices of a clip that the evaluation saves and scores (``reward.frames`` of the profile's
     ``model.options.num_frames``); None for an image backbone."""
-    if params.model.backbone not in VIDEO_BACKBONES:
+    spec = backbone_spec(params.model.backbone)
+    if not spec.video:
         return None
-    from ..policies.wan import DEFAULTS
     from ..rewards.clips import frame_indices
 
-    return frame_indices(int(params.model.options.get("num_frames", DEFAULTS["num_frames"])), params.reward.frames)
+    return frame_indices(int(params.model.options.get("num_frames", spec.defaults["num_frames"])),
+                         params.reward.frames)
 
 
 def save_clip(root: str | Path, style: str, index: int, clip: torch.Tensor, frames: Sequence[int],

@@ -8,31 +8,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .protocols import TABLE_SCALES
+from ..setup.registry import backbone_spec, reward_spec
 
 __all__ = ["evaluation_conventions", "scorer_variant"]
 
 
 def scorer_variant(name: str, options: Mapping[str, Any]) -> str:
-    """What ``name`` scores with, in one line: model, pretrained weights and the scale of the table value."""
-    scale = TABLE_SCALES.get(name, (name, 1.0, "the reward's value"))[2]
-    if name == "hpsv2.1":
-        from ..rewards.hps import HPS_CHECKPOINT, HPS_REPO
-
-        return (f"open_clip {options.get('model_name', 'ViT-H-14')}, pretrained "
-                f"{options.get('checkpoint', HPS_REPO)}:{HPS_CHECKPOINT}; {scale} (x100 in hpsv2's leaderboard)")
-    if name == "pickscore":
-        from ..rewards.pickscore import PICKSCORE_MODEL, PICKSCORE_PROCESSOR
-
-        return (f"{options.get('model', PICKSCORE_MODEL)} with processor "
-                f"{options.get('processor', PICKSCORE_PROCESSOR)}; {scale} (the reward itself: score / 26)")
-    if name == "clipscore":
-        from ..rewards.clipscore import CLIPSCORE_MODEL
-
-        prefix = options.get("prefix", "")
-        return (f"{options.get('model', CLIPSCORE_MODEL)}; {scale} of image and prompt"
-                f"{f' prefixed {prefix!r}' if prefix else ''} (not 2.5 x CLIP-S)")
-    return f"the toy world's {name}; {scale}"
+    """What ``name`` scores with, in one line: model, pretrained weights and the scale of the table value (its spec's
+    ``describe``, else the reward's own value)."""
+    spec = reward_spec(name)
+    return spec.describe(options) if spec.describe else f"{name}; {spec.table_value[2]}"
 
 
 def evaluation_conventions(params) -> dict[str, str]:  # noqa: ANN001 (a pipeline Params)
@@ -42,9 +27,7 @@ def evaluation_conventions(params) -> dict[str, str]:  # noqa: ANN001 (a pipelin
         size = params.world.image_size
         resolution, guidance = f"{size}x{size}", opts.get("guidance_scale", params.pretrain.guidance_scale)
     else:
-        from importlib import import_module
-
-        defaults = import_module(f"jagg_core.policies.{params.model.backbone}").DEFAULTS
+        defaults = backbone_spec(params.model.backbone).defaults
         resolution = f"{opts.get('height', defaults['height'])}x{opts.get('width', defaults['width'])}"
         guidance = opts.get("guidance_scale", defaults["guidance_scale"])
     group = "0" if ev.protocol == "hpdv2-test" else "the style's index in file order"

@@ -17,7 +17,7 @@ The toy world has both: its test split as ``benchmark/<style>.json`` and the sam
 ``test.json`` of HPDv2's layout (tasks/prepare.py). Its benchmark run carries the test form too, computed from the
 same images (one per prompt), so both forms appear, labelled, in the toy's report.
 
-The value a table shows per metric (:data:`TABLE_SCALES`): HPSv2.1 and CLIPScore as raw cosines, PickScore as its
+The value a table shows per metric (its reward spec's ``table``): HPSv2.1 and CLIPScore as raw cosines, PickScore as its
 logit-scale score / 100 (the paper's 0.2252; MixGRPO's ``(r * 8 + 18) / 100`` undoes its own normalisation to the
 same), toy rewards as themselves. What else a score depends on (scorer weights, resolution, steps, guidance, seeds) is
 in conventions.py; docs/evaluation.md sets out which anchor paper reports which form.
@@ -29,21 +29,16 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..setup.registry import reward_names, reward_spec
 from ..setup.storage import PromptFileError, read_prompt_json
 
-__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TABLE_SCALES", "TEST_GROUP", "apply_protocol", "hpdv2_test_path",
+__all__ = ["HPDV2_MIRRORS", "PROTOCOLS", "TEST_GROUP", "apply_protocol", "hpdv2_test_path",
            "load_hpdv2_test", "protocol_forms", "read_test_list"]
 
 PROTOCOLS = ("hpdv2-benchmark", "hpdv2-test")
 HPDV2_MIRRORS = ("zhwang/HPDv2", "ymhao/HPDv2")  # the same files; hpsv2's own code reads the first
 TEST_GROUP = "test"  # the one "style" of the test list: images test/<index:05d>.jpg, seeds (eval.seed, 0, index)
 
-# metric -> (the per-image key its table value is computed from, factor, what that value is)
-TABLE_SCALES: dict[str, tuple[str, float, str]] = {
-    "hpsv2.1": ("hpsv2.1", 1.0, "raw cosine"),
-    "clipscore": ("clipscore", 1.0, "raw cosine"),
-    "pickscore": ("pickscore/score", 0.01, "logit-scale score / 100"),
-}
 
 
 def _hint() -> str:
@@ -104,11 +99,11 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def protocol_forms(summary: Mapping[str, Any], metric: str, forms: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Each protocol form of ``metric``'s table value (:data:`TABLE_SCALES`) from a :func:`summarize_scores` result.
+    """Each protocol form of ``metric``'s table value (its reward spec's ``table``) from a :func:`summarize_scores` result.
 
     ``hpdv2-benchmark``: ``raw`` = the average over groups of their block means, ``x100`` = 100 x raw;
     ``hpdv2-test``: ``raw`` = the plain mean over all images."""
-    key, factor, _ = TABLE_SCALES.get(metric, (metric, 1.0, ""))
+    key, factor, _ = reward_spec(metric).table_value if metric in reward_names() else (metric, 1.0, "")
     s = summary[key] if key in summary else summary[metric]
     if key not in summary:
         factor = 1.0

@@ -19,12 +19,10 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import UserError
+from ..setup.registry import backbone_spec
 
-__all__ = ["ExportError", "PIPELINES", "export_transformer"]
+__all__ = ["ExportError", "export_transformer"]
 
-# The diffusers pipeline whose LoRA format each backbone's adapters are saved in.
-PIPELINES = {"flux": "FluxPipeline", "toy-flux": "FluxPipeline", "sd3": "StableDiffusion3Pipeline",
-             "qwenimage": "QwenImagePipeline", "wan": "WanPipeline"}
 _PEFT_PREFIX = "base_model.model."
 
 
@@ -66,6 +64,7 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
     module = _unwrap(transformer)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out.parent)
+    pipeline_name = backbone_spec(backbone).export_pipeline  # whose LoRA format the adapters are saved in
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-{os.getpid()}-"))
     try:
         from peft import PeftModel
@@ -76,7 +75,10 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
 
             state = {k[len(_PEFT_PREFIX):] if k.startswith(_PEFT_PREFIX) else k: v.detach().cpu().contiguous()
                      for k, v in get_peft_model_state_dict(module).items()}
-            pipeline = getattr(diffusers, PIPELINES[backbone])
+            if pipeline_name is None:
+                raise ExportError(f"backbone {backbone!r} declares no diffusers pipeline (its spec's export_pipeline), "
+                                  f"so its LoRA adapters have no file format to be exported in.")
+            pipeline = getattr(diffusers, pipeline_name)
             # The adapter config (rank, alpha, targets) travels in the file's metadata: load_lora_weights then scales
             # by alpha / rank as training did.
             metadata = module.peft_config[module.active_adapter].to_dict()
@@ -87,7 +89,7 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
             module.save_pretrained(tmp / "transformer", safe_serialization=True)
             kind, files = "full", ["transformer/"]
         (tmp / "export.json").write_text(json.dumps({**card, "backbone": backbone, "kind": kind, "files": files,
-                                                     "pipeline": PIPELINES.get(backbone)}, indent=2) + "\n")
+                                                     "pipeline": pipeline_name}, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)

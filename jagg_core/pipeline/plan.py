@@ -1,6 +1,6 @@
 """`jagg plan`: what a run of a profile costs before anyone rents GPUs.
 
-Arithmetic only, no weights loaded: the backbone's published architecture (:data:`ARCHITECTURES`), the profile's
+Arithmetic only, no weights loaded: the backbone's published architecture (its spec's ``cost``), the profile's
 sampling and training settings, and the trainer's own routing (:func:`jagg_core.jagg.plan_groups`). It gives the
 parameters trained, a per-rank memory estimate, the FLOPs of an iteration for exact and JAGG, and the time those FLOPs
 take on H100 / H200 at a stated utilisation (:data:`GPUS`, :data:`UTILISATION`), plus the evaluation's cost.
@@ -22,48 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..setup.config import Params, ResolvedMethod
+from ..setup.config import Params, ParamsError, ResolvedMethod
+from ..setup.registry import CostFacts as Architecture, backbone_names, backbone_spec
 from ..cost import group_forwards
 
-__all__ = ["ARCHITECTURES", "GPUS", "UTILISATION", "PAPER", "Architecture", "forward_counts", "forward_flops",
-           "format_plan", "implied_utilisation", "plan"]
+__all__ = ["GPUS", "UTILISATION", "PAPER", "forward_counts", "forward_flops", "format_plan", "implied_utilisation",
+           "plan"]
 
-
-@dataclass(frozen=True)
-class Architecture:
-    """What the cost of one transformer forward depends on (published configs)."""
-
-    name: str
-    params: float  # transformer parameters
-    layers: int  # attention layers (joint image-text attention in each)
-    hidden: int  # width d
-    pixels_per_token: int  # image pixels per token side (VAE downsampling × patch size)
-    text_tokens: int  # text tokens in the joint attention (an assumption for prompts of HPDv2's length where noted)
-    frozen_params: float  # text encoders + VAE, held on every rank in the dtype
-    source: str
-    frames_per_latent: int = 0  # video: the VAE's temporal compression (F' = (F − 1) / it + 1); 0: an image model
-    cross_attention: bool = False  # text by cross-attention (Wan), not in the joint sequence
-
-
-ARCHITECTURES: dict[str, Architecture] = {
-    "flux": Architecture(
-        "FLUX.1-dev", 11.9e9, 57, 3072, 16, 512, 4.76e9 + 0.12e9 + 0.08e9,
-        "19 double-stream + 38 single-stream blocks of width 3072; VAE ×8 and 2×2 patches; T5 padded to 512 "
-        "tokens; T5-XXL 4.76 B + CLIP-L 0.12 B + VAE 0.08 B frozen"),
-    "qwenimage": Architecture(
-        "Qwen-Image", 20.4e9, 60, 3072, 16, 64, 8.3e9 + 0.13e9,
-        "60 MMDiT blocks of width 3072; VAE ×8 and 2×2 patches; ~64 prompt tokens assumed (HPDv2 prompts, "
-        "unpadded); Qwen2.5-VL-7B 8.3 B + VAE 0.13 B frozen"),
-    "sd3": Architecture(
-        "SD3.5 Medium", 2.5e9, 24, 1536, 16, 333, 4.76e9 + 0.82e9 + 0.08e9,
-        "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + 256 T5 tokens; T5-XXL 4.76 B + "
-        "CLIP-L/G 0.82 B + VAE 0.08 B frozen"),
-    "wan": Architecture(
-        "Wan2.1-T2V-1.3B", 1.42e9, 30, 1536, 16, 512, 5.7e9 + 0.13e9,
-        "30 blocks of width 1536 (self-attention over the clip's tokens, cross-attention to 512 UMT5 tokens, FFN "
-        "8960); VAE ×8 in space, ×4 in time, and 1×2×2 patches; UMT5-XXL encoder 5.7 B + VAE 0.13 B frozen",
-        frames_per_latent=4, cross_attention=True),
-}
 
 # Dense bf16 peak (NVIDIA's datasheets, SXM parts, without sparsity) and memory.
 GPUS: dict[str, dict[str, float]] = {
@@ -158,12 +123,11 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
 def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION) -> dict[str, Any]:
     """The whole estimate as a dict (see the module docstring)."""
     backbone = params.model.backbone
-    if backbone not in ARCHITECTURES:
-        from ..setup.config import ParamsError
-
-        raise ParamsError(f"jagg plan needs a real backbone ({', '.join(ARCHITECTURES)}); profile "
-                          f"{params.profile!r} uses {backbone!r}, which runs on a laptop in minutes.")
-    arch = ARCHITECTURES[backbone]
+    arch = backbone_spec(backbone).cost
+    if arch is None:
+        planned = [b for b in backbone_names() if backbone_spec(b).cost is not None]
+        raise ParamsError(f"jagg plan needs a real backbone ({', '.join(planned)}); profile {params.profile!r} "
+                          f"uses {backbone!r}, which runs on a laptop in minutes.")
     shape = _Shape.of(params, arch)
     sample, train, res = params.sample, params.train, params.resources
     n_gpus = res.num_processes * res.num_machines
@@ -232,7 +196,7 @@ class _Shape:
         opts = params.model.options
         height, width = int(opts.get("height", 512)), int(opts.get("width", 512))
         guidance = float(opts.get("guidance_scale", 1.0))
-        cfg = 2 if params.model.backbone in ("qwenimage", "sd3", "wan") and guidance > 1 else 1
+        cfg = 2 if arch.true_cfg and guidance > 1 else 1
         frames = int(opts.get("num_frames", 81)) if arch.frames_per_latent else 1
         return cls(height, width, frames, cfg, bool(opts.get("gradient_checkpointing", False)),
                    sequence_tokens(arch, height, width, frames))

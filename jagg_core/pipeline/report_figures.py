@@ -14,9 +14,10 @@ import statistics
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..evaluation.clip_layout import VIDEO_BACKBONES, strip_path, strips_grid
+from ..evaluation.clip_layout import strip_path, strips_grid
 from ..setup.config import Params
 from ..setup.paths import Layout
+from ..setup.registry import backbone_spec
 from ..setup.storage import atomic_write_bytes
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
@@ -235,7 +236,7 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
         return []
     scores = (columns[0][1].parent / "scores.jsonl").read_text().splitlines()
     rows = [json.loads(x) for x in scores]
-    if params.model.backbone in VIDEO_BACKBONES:
+    if backbone_spec(params.model.backbone).video:
         return clip_grid(columns, [x for x in rows if x["index"] < 1], out)
     picked = [x for x in rows if x["index"] < per_style]
     images, captions = [], []

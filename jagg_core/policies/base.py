@@ -17,6 +17,7 @@ import torch
 
 from ..errors import UserError
 from ..schedules import Schedule
+from ..setup.registry import BackboneSpec, PluginError, add, backbone_names, backbone_spec
 
 __all__ = [
     "PolicyError",
@@ -139,23 +140,19 @@ class Policy(abc.ABC):
             yield
 
 
-_BACKBONES: dict[str, Callable[..., Policy]] = {}
-
-
-def register_backbone(name: str) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
-    """Decorator: register ``factory(path, *, device, dtype, options) -> Policy`` under ``name``."""
+def register_backbone(name: str, **facts: Any) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
+    """Decorator: register ``factory(path, *, device, dtype, options) -> Policy`` under ``name`` with its spec's
+    ``facts`` (:class:`jagg_core.setup.registry.BackboneSpec`: ``options`` at least)."""
 
     def deco(factory: Callable[..., Policy]) -> Callable[..., Policy]:
-        if name in _BACKBONES:
-            raise ValueError(f"backbone {name!r} is registered twice.")
-        _BACKBONES[name] = factory
+        add("backbone", BackboneSpec(name=name, factory=factory, **facts))
         return factory
 
     return deco
 
 
 def available_backbones() -> list[str]:
-    return sorted(_BACKBONES)
+    return backbone_names()
 
 
 def load_policy(
@@ -167,6 +164,8 @@ def load_policy(
     options: Mapping[str, Any] | None = None,
 ) -> Policy:
     """Build the policy of ``backbone`` from the weights at ``path`` (a local folder or an HF-cache hub id)."""
-    if backbone not in _BACKBONES:
-        raise PolicyError(f"unknown backbone {backbone!r}; available: {', '.join(available_backbones())}.")
-    return _BACKBONES[backbone](path, device=torch.device(device), dtype=dtype, options=dict(options or {}))
+    try:
+        spec = backbone_spec(backbone)
+    except PluginError as e:
+        raise PolicyError(f"{e}.") from None
+    return spec.factory(path, device=torch.device(device), dtype=dtype, options=dict(options or {}))

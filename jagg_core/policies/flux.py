@@ -7,11 +7,13 @@ negative prompt), as in DanceGRPO and Flow-GRPO's Flux runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 
 from ..schedules import Schedule, fixed_shift_schedule
+from ..setup.options import DIFFUSERS_COMMON, Shift
+from ..setup.registry import CostFacts
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 from .diffusers_common import (
     MODEL,
@@ -30,6 +32,7 @@ from .diffusers_common import (
     resolve_model_dir,
     to_unit_images,
 )
+from .tiny import build_flux
 
 __all__ = ["FluxPolicy", "pack_latents", "unpack_latents"]
 
@@ -52,6 +55,13 @@ DEFAULTS: dict[str, Any] = {
     "gradient_checkpointing": False,
     "shift": None,  # a fixed schedule shift (DanceGRPO: 3) instead of the pipeline's resolution-dependent one
 }
+# model.options: what each takes (read strictly before any work: jagg_core/setup/options.py)
+OPTIONS = {**DIFFUSERS_COMMON, "shift": (Union[Shift, None], None)}
+# jagg plan's arithmetic: the published architecture
+COST = CostFacts(
+    "FLUX.1-dev", 11.9e9, 57, 3072, 16, 512, 4.76e9 + 0.12e9 + 0.08e9,
+    "19 double-stream + 38 single-stream blocks of width 3072; VAE ×8 and 2×2 patches; T5 padded to 512 "
+    "tokens; T5-XXL 4.76 B + CLIP-L 0.12 B + VAE 0.08 B frozen")
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
@@ -157,6 +167,15 @@ class FluxPolicy(Policy):
         return to_unit_images(self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0])
 
 
-@register_backbone("flux")
+@register_backbone(
+    "flux",
+    options=OPTIONS,
+    defaults=DEFAULTS,
+    hub_id=HUB_ID,
+    components=COMPONENTS,
+    cost=COST,
+    export_pipeline="FluxPipeline",
+    stand_in=build_flux,
+)
 def build_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
     return FluxPolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

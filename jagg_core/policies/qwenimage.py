@@ -16,6 +16,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..schedules import Schedule
+from ..setup.options import DIFFUSERS_COMMON
+from ..setup.registry import CostFacts
 from .base import Policy, PromptEmbeds, register_backbone
 from .diffusers_common import (
     MODEL,
@@ -35,6 +37,7 @@ from .diffusers_common import (
     to_unit_images,
 )
 from .flux import unpack_latents
+from .tiny import build_qwenimage
 
 __all__ = ["QwenImagePolicy"]
 
@@ -55,6 +58,13 @@ DEFAULTS: dict[str, Any] = {
     "lora": None,  # {rank, alpha, target_modules, dropout}; None or rank 0: full fine-tune
     "gradient_checkpointing": False,
 }
+# model.options: what each takes (read strictly before any work: jagg_core/setup/options.py)
+OPTIONS = {**DIFFUSERS_COMMON, "negative_prompt": (str, None)}
+# jagg plan's arithmetic: the published architecture
+COST = CostFacts(
+    "Qwen-Image", 20.4e9, 60, 3072, 16, 64, 8.3e9 + 0.13e9,
+    "60 MMDiT blocks of width 3072; VAE ×8 and 2×2 patches; ~64 prompt tokens assumed (HPDv2 prompts, "
+    "unpadded); Qwen2.5-VL-7B 8.3 B + VAE 0.13 B frozen", true_cfg=True)
 
 
 def _pad(embeds: torch.Tensor, mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,7 +183,16 @@ class QwenImagePolicy(Policy):
         return to_unit_images(image)
 
 
-@register_backbone("qwenimage")
+@register_backbone(
+    "qwenimage",
+    options=OPTIONS,
+    defaults=DEFAULTS,
+    hub_id=HUB_ID,
+    components=COMPONENTS,
+    cost=COST,
+    export_pipeline="QwenImagePipeline",
+    stand_in=build_qwenimage,
+)
 def build_qwenimage(
     path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]
 ) -> Policy:

@@ -13,6 +13,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..schedules import Schedule
+from ..setup.options import DIFFUSERS_COMMON
+from ..setup.registry import CostFacts
 from .base import Policy, PromptEmbeds, register_backbone
 from .diffusers_common import (
     MODEL,
@@ -31,6 +33,7 @@ from .diffusers_common import (
     resolve_model_dir,
     to_unit_images,
 )
+from .tiny import build_sd3
 
 __all__ = ["SD3Policy"]
 
@@ -55,6 +58,13 @@ DEFAULTS: dict[str, Any] = {
     "lora": None,  # {rank, alpha, target_modules, dropout}; None or rank 0: full fine-tune
     "gradient_checkpointing": False,
 }
+# model.options: what each takes (read strictly before any work: jagg_core/setup/options.py)
+OPTIONS = {**DIFFUSERS_COMMON, "negative_prompt": (str, None)}
+# jagg plan's arithmetic: the published architecture
+COST = CostFacts(
+    "SD3.5 Medium", 2.5e9, 24, 1536, 16, 333, 4.76e9 + 0.82e9 + 0.08e9,
+    "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + 256 T5 tokens; T5-XXL 4.76 B + "
+    "CLIP-L/G 0.82 B + VAE 0.08 B frozen", true_cfg=True)
 
 
 class SD3Policy(Policy):
@@ -154,6 +164,15 @@ class SD3Policy(Policy):
         return to_unit_images(self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0])
 
 
-@register_backbone("sd3")
+@register_backbone(
+    "sd3",
+    options=OPTIONS,
+    defaults=DEFAULTS,
+    hub_id=HUB_ID,
+    components=COMPONENTS,
+    cost=COST,
+    export_pipeline="StableDiffusion3Pipeline",
+    stand_in=build_sd3,
+)
 def build_sd3(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
     return SD3Policy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..schedules import Schedule, flow_match_schedule
+from ..setup.options import LORA, Scale
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 
 __all__ = ["ToyFluxPolicy", "ToyFluxShape", "build_toy_flux", "build_tokenizer", "pack", "unpack"]
@@ -240,7 +241,14 @@ def check_toy_flux_dir(path: str | None) -> Path:
     return folder
 
 
-@register_backbone("toy-flux")
+@register_backbone(
+    "toy-flux",
+    # model.options: the saved model's guidance (pretrain.guidance_scale by default) and LoRA
+    options={"guidance_scale": (Scale, None), "lora": LORA},
+    check_files=check_toy_flux_dir,
+    export_pipeline="FluxPipeline",  # a FluxTransformer2DModel: its LoRA keys are Flux's
+    world=True,  # the embedded default: prompts from the world, its base model from `jagg pretrain`
+)
 def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
     from diffusers import FluxTransformer2DModel
     from transformers import CLIPTextModel, PreTrainedTokenizerFast

@@ -21,10 +21,13 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from ..schedules import Schedule, fixed_shift_schedule
+from ..setup.options import DIFFUSERS_COMMON, Frames, Shift
+from ..setup.registry import CostFacts
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 from .diffusers_common import (MODEL, SCHEDULER, TOKENIZER, check_image_size, check_model_dir, freeze, load_component,
                                load_text_encoders, prepare_transformer, read_config, read_options, resolve_model_dir,
                                to_unit_images)
+from .tiny import build_wan
 
 __all__ = ["WanPolicy", "WAN_LORA_TARGETS", "FSDP_BLOCK"]
 
@@ -46,6 +49,15 @@ DEFAULTS: dict[str, Any] = {
     "gradient_checkpointing": False,
     "vae_tiling": False,  # decode in spatial tiles (Pref-GRPO calls vae.enable_tiling()): less memory at 480p and up
 }
+# model.options: what each takes (read strictly before any work: jagg_core/setup/options.py)
+OPTIONS = {**DIFFUSERS_COMMON, "negative_prompt": (str, None), "num_frames": (Frames, None), "shift": (Shift, None),
+           "vae_tiling": (bool, None)}
+# jagg plan's arithmetic: the published architecture
+COST = CostFacts(
+    "Wan2.1-T2V-1.3B", 1.42e9, 30, 1536, 16, 512, 5.7e9 + 0.13e9,
+    "30 blocks of width 1536 (self-attention over the clip's tokens, cross-attention to 512 UMT5 tokens, FFN "
+    "8960); VAE ×8 in space, ×4 in time, and 1×2×2 patches; UMT5-XXL encoder 5.7 B + VAE 0.13 B frozen",
+    frames_per_latent=4, cross_attention=True, true_cfg=True)
 
 
 def _check_frames(num_frames: Any, temporal: int) -> None:
@@ -144,6 +156,16 @@ class WanPolicy(Policy):
         return to_unit_images(video).permute(0, 2, 1, 3, 4).contiguous()
 
 
-@register_backbone("wan")
+@register_backbone(
+    "wan",
+    options=OPTIONS,
+    defaults=DEFAULTS,
+    hub_id=HUB_ID,
+    components=COMPONENTS,
+    cost=COST,
+    export_pipeline="WanPipeline",
+    stand_in=build_wan,
+    video=True,
+)
 def build_wan(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
     return WanPolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

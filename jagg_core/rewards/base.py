@@ -14,12 +14,12 @@ A reward built on a neural network exposes it as ``fn.modules`` (a tuple of ``to
 from __future__ import annotations
 
 import contextlib
-import inspect
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import torch
 
 from ..errors import UserError
+from ..setup.registry import PluginError, RewardSpec, add, reward_names, reward_spec
 
 __all__ = [
     "RewardFn",
@@ -44,23 +44,26 @@ class RewardError(UserError, ValueError):
     """A reward that cannot be built: unknown name, bad option, missing weights. The message is for the user."""
 
 
-_FACTORIES: dict[str, Callable[..., RewardFn]] = {}
-
-
-def register_reward(name: str) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
-    """Decorator: register a factory ``(**options) -> RewardFn`` under ``name``."""
+def register_reward(name: str, **facts: Any) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
+    """Decorator: register a factory ``(**options) -> RewardFn`` under ``name`` with its spec's ``facts``
+    (:class:`jagg_core.setup.registry.RewardSpec`: ``options`` at least, the schema of what the factory takes)."""
 
     def deco(factory: Callable[..., RewardFn]) -> Callable[..., RewardFn]:
-        if name in _FACTORIES:
-            raise ValueError(f"reward {name!r} is registered twice.")
-        _FACTORIES[name] = factory
+        add("reward", RewardSpec(name=name, factory=factory, **facts))
         return factory
 
     return deco
 
 
 def available_rewards() -> list[str]:
-    return sorted(_FACTORIES)
+    return reward_names()
+
+
+def _spec(name: str) -> RewardSpec:
+    try:
+        return reward_spec(name)
+    except PluginError as e:
+        raise RewardError(f"{e}.") from None
 
 
 def _freeze(options: Mapping[str, Any]) -> tuple:
@@ -72,7 +75,7 @@ _BUILT: dict[tuple[str, tuple], RewardFn] = {}  # (name, frozen options) -> the 
 
 def _cached(name: str, frozen: tuple) -> RewardFn:
     if (name, frozen) not in _BUILT:
-        _BUILT[name, frozen] = _FACTORIES[name](**dict(frozen))
+        _BUILT[name, frozen] = _spec(name).factory(**dict(frozen))
     return _BUILT[name, frozen]
 
 
@@ -102,13 +105,8 @@ def rewards_off_device(fns: Iterable[RewardFn]) -> Iterator[None]:
 
 
 def check_reward_options(name: str, options: Mapping[str, Any]) -> None:
-    """One sentence for an unknown reward or an option its factory does not take (before any model is loaded)."""
-    if name not in _FACTORIES:
-        raise RewardError(f"unknown reward {name!r}; available: {', '.join(available_rewards())}.")
-    sig = inspect.signature(_FACTORIES[name])
-    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    known = [p.name for p in sig.parameters.values() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    """One sentence for an unknown reward or an option its spec does not declare (before any model is loaded)."""
+    known = list(_spec(name).options)
     unknown = sorted(set(options) - set(known))
     if unknown:
         raise RewardError(f"reward.options.{name}: {name!r} has no option {unknown[0]!r}; its options: "

@@ -12,10 +12,11 @@ itself, so ``prefix`` defaults to none; set ``prefix: "A photo depicts"`` to rep
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 
+from ..setup.options import HF_SCORER
 from .base import RewardFn, register_reward
 from .clip_models import (
     Published,
@@ -35,7 +36,15 @@ CLIPSCORE_W = 2.5  # Hessel et al.'s w, which stretches typical cosines (~0.2-0.
 _OPTIONS = "reward.options.clipscore"
 
 
-@register_reward("clipscore")
+def _describe(options: Mapping[str, Any]) -> str:
+    prefix = options.get("prefix", "")
+    return (f"{options.get('model', CLIPSCORE_MODEL)}; raw cosine of image and prompt"
+            f"{f' prefixed {prefix!r}' if prefix else ''} (not 2.5 x CLIP-S)")
+
+
+@register_reward("clipscore", options={"model": (str, None), "processor": (Union[str, None], None),
+                                       "prefix": (str, None), **HF_SCORER},
+                 table=("clipscore", 1.0, "raw cosine"), describe=_describe)
 def make_clipscore(
     model: str = CLIPSCORE_MODEL,
     processor: str | None = None,

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ..setup.options import HF_SCORER
 from .base import RewardError, RewardFn, register_reward
 from .clip_models import (
     Published,
@@ -71,7 +72,13 @@ def hps_pixels(images: torch.Tensor, size: int, device: str | torch.device = "cp
     return TF.normalize(x, open_clip.OPENAI_DATASET_MEAN, open_clip.OPENAI_DATASET_STD)  # (B, 3, size, size)
 
 
-@register_reward("hpsv2.1")
+def _describe(options: Mapping[str, Any]) -> str:
+    return (f"open_clip {options.get('model_name', 'ViT-H-14')}, pretrained {options.get('checkpoint', HPS_REPO)}:"
+            f"{HPS_CHECKPOINT}; raw cosine (x100 in hpsv2's leaderboard)")
+
+
+@register_reward("hpsv2.1", options={"checkpoint": (str, None), "model_name": (str, None), **HF_SCORER},
+                 table=("hpsv2.1", 1.0, "raw cosine"), describe=_describe)
 def make_hps(
     checkpoint: str = HPS_REPO,
     model_name: str = "ViT-H-14",

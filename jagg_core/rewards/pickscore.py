@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from ..setup.options import HF_SCORER
 from .base import RewardFn, register_reward
 from .clip_models import (
     Published,
@@ -37,7 +38,14 @@ PICKSCORE_NORM = 26.0  # Flow-GRPO's pickscore_scorer divides by 26
 _OPTIONS = "reward.options.pickscore"
 
 
-@register_reward("pickscore")
+def _describe(options: Mapping[str, Any]) -> str:
+    return (f"{options.get('model', PICKSCORE_MODEL)} with processor {options.get('processor', PICKSCORE_PROCESSOR)}; "
+            f"logit-scale score / 100 (the reward itself: score / 26)")
+
+
+# Its table value is the logit-scale score / 100 (as the papers' tables), not the reward (score / 26)
+@register_reward("pickscore", options={"model": (str, None), "processor": (str, None), **HF_SCORER},
+                 table=("pickscore/score", 0.01, "logit-scale score / 100"), describe=_describe)
 def make_pickscore(
     model: str = PICKSCORE_MODEL,
     processor: str = PICKSCORE_PROCESSOR,

@@ -22,13 +22,15 @@ reads only how many objects it asks for; which shapes, colours, places and backg
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from ..setup.options import Share
 from .base import RewardError, register_reward
-from .toy import _K, _PALETTE, _geometry, _parse, _pixels, palette_d2
+from .toy import _K, _PALETTE, _geometry, _parse, _pixels, palette_d2, toy_world_reward
 
 __all__ = ["preference_components", "toy_preference"]
 
@@ -81,7 +83,11 @@ def preference_components(
     return {"clean": clean, **out, "complete": complete, "preference": clean * complete}
 
 
-@register_reward("toy_preference")
+_WIDTH = Annotated[float, Field(gt=0, le=1000)]  # RGB units
+
+
+@register_reward("toy_preference", describe=toy_world_reward("toy_preference"), options={"sigma": (_WIDTH, None), "clean_sigma": (_WIDTH, None),
+                                            "w_background": (Share, None), "w_precision": (Share, None)})
 def toy_preference(sigma: float = SIGMA, clean_sigma: float = CLEAN_SIGMA, w_background: float = 0.4,
                    w_precision: float = 0.4):
     """Clean, complete pictures of the prompt, in [0, 1]; ground-truth renders score about 0.99 (the smooth memberships overlap a little).

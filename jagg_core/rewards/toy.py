@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import Any, Mapping, Sequence
+from typing import Annotated, Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from pydantic import Field
 
+from ..setup.options import TAU_OPTIONS, Share
 from ..world import BACKGROUNDS, COLORS, SHAPES, SIZES, cell_assignments, cell_boxes, parse_prompt, templates
 from ..world.render import MIN_IMAGE_SIZE
 from .base import RewardError, RewardFn, register_reward
@@ -119,7 +121,13 @@ def fidelity_components(
     return out
 
 
-@register_reward("toy_fidelity")
+def toy_world_reward(name: str) -> Callable[[Mapping[str, Any]], str]:
+    """A toy reward's line in the evaluation conventions (what it scores with)."""
+    return lambda options: f"the toy world's {name}; the reward's value"
+
+
+@register_reward("toy_fidelity", describe=toy_world_reward("toy_fidelity"),
+                 options={**TAU_OPTIONS, "w_background": (Share, None), "w_precision": (Share, None)})
 def toy_fidelity(
     tau: float = TAU, tau_full: float = TAU_FULL, w_background: float = 0.3, w_precision: float = 0.3
 ) -> RewardFn:
@@ -179,7 +187,8 @@ def _component_reward(component: str, doc: str):
         return fn
 
     factory.__doc__ = doc
-    return register_reward(f"toy_{component}")(factory)
+    return register_reward(f"toy_{component}", options=TAU_OPTIONS,
+                           describe=toy_world_reward(f"toy_{component}"))(factory)
 
 
 # The components of toy_fidelity as rewards of their own, for reward mixes that weight what every prompt shares
@@ -189,7 +198,8 @@ toy_background = _component_reward("background", "The match of the background ou
 toy_precision = _component_reward("precision", "The share of the paint that lies inside the placed objects, in [0, 1].")
 
 
-@register_reward("jpeg_compressibility")
+@register_reward("jpeg_compressibility", options={"quality": (Annotated[int, Field(ge=1, le=100)], None)},
+                 describe=toy_world_reward("jpeg_compressibility"))
 def jpeg_compressibility(quality: int = 95) -> RewardFn:
     """Minus the JPEG size in kB at ``quality``, as DDPO's ``jpeg_compressibility`` (kvablack/ddpo-pytorch)."""
     from PIL import Image

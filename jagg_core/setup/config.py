@@ -11,25 +11,23 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import UserError
 from ..modes import MODES, VARIANTS
+from .options import Count, Number, Section
+from .paths import inside
 from .redact import redact, remember
+from .registry import PluginError, backbone_names, backbone_spec, load_plugins, reward_spec
 
 __all__ = [
-    "KNOWN_BACKBONES",
-    "KNOWN_REWARDS",
     "Params",
     "ParamsError",
 ]
 
-# The registries' names, known without importing them (tests check these equal the registries).
-KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
-KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
-                 "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
 # A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
 # anything is allocated (the paper's recipes take at most 384 images of 51 steps; the toy 128 of 13).
@@ -53,140 +51,11 @@ def _jagg_frac(v: Any) -> float | str | None:
 JaggFrac = Annotated[Union[float, str, None], BeforeValidator(_jagg_frac)]
 
 
-def _not_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError(f"{v!r} must be a number, not true/false")
-    return v
-
-
-# Typed all the way down: what a list or a dict holds is read as strictly as a top-level field (round 4's
-# `_Section._no_silent_coercion` sees top-level values only). A count is pydantic's strict int: a whole number as
-# written, never true/false, "3" or 3.0. A number is a float that is never true/false (a numeric string still reads,
-# as YAML 1.1 reads 3e-4 as one).
-Count = Annotated[int, Strict()]
-Number = Annotated[float, BeforeValidator(_not_bool)]
-
-
-class _Section(BaseModel):
-    # No inf or NaN anywhere (lr = inf would train nothing and say nothing).
-    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_silent_coercion(cls, data: Any) -> Any:
-        """true/false is not a number and "5" is not a count: refuse what pydantic would quietly convert.
-
-        A float field still takes a numeric string, because YAML 1.1 reads ``3e-4`` (no dot) as one.
-        """
-        if not isinstance(data, dict):
-            return data
-        for name, value in data.items():
-            field = cls.model_fields.get(name)
-            if field is None:
-                continue
-            types = set(get_args(field.annotation) or (field.annotation,))
-            if isinstance(value, bool) and types & {int, float} and bool not in types:
-                raise ValueError(f"{name} = {value!r} must be a number, not true/false")
-            if (isinstance(value, str) and int in types and float not in types and str not in types
-                    and re.fullmatch(r"\s*[+-]?\d+\s*", value)):
-                raise ValueError(f"{name} = {value!r} must be a whole number, not a quoted string")
-        return data
-
-
 def _is_name(v: Any) -> bool:
     return isinstance(v, str) and _NAME.fullmatch(v) is not None and len(v) <= MAX_NAME
 
 
-def _options_model(name: str, fields: Mapping[str, tuple[Any, Any]]) -> type[BaseModel]:
-    """A typed reading of one free-form option dict: the options it takes, each with its type (a float takes a number
-    or a numeric string, never true/false or "1e400"; an int a whole number; a str a string)."""
-    from pydantic import create_model
-
-    return create_model(name, __base__=_Options, **{k: (t, d) for k, (t, d) in fields.items()})
-
-
-class _Options(_Section):
-    model_config = ConfigDict(extra="forbid", validate_default=False, allow_inf_nan=False)
-
-
-_Size = Annotated[int, Field(ge=1, le=16384)]
-_Tokens = Annotated[int, Field(ge=1, le=8192)]
-_Scale = Annotated[float, Field(ge=0, le=1000)]
-_Shift = Annotated[float, Field(gt=0, le=1000)]
-class _LoraOptions(BaseModel):
-    """``model.options.lora`` (the policies' LoRA keys; ``model.lora`` is the usual place)."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=False)
-    rank: Annotated[Count, Field(ge=0, le=4096)] = 0
-    alpha: Union[Annotated[Number, Field(gt=0, le=1e6)], None] = None
-    dropout: Annotated[Number, Field(ge=0, lt=1)] = 0.0
-    target_modules: list[Annotated[str, Field(max_length=200)]] = Field(default_factory=list, max_length=1000)
-
-
-def _lora_dict(v: Any) -> Any:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, Mapping):
-        raise ValueError("lora must be a mapping of rank, alpha, dropout, target_modules")
-    typed = _LoraOptions.model_validate(dict(v))
-    return {k: getattr(typed, k) for k in v}
-
-
-_LORA = (Annotated[Union[dict[str, Any], None], BeforeValidator(_lora_dict)], None)
-# What each backbone's model.options take (the policies' DEFAULTS; tests/test_reliability_r4.py checks they agree).
-_DIFFUSERS_COMMON = {"height": (_Size, None), "width": (_Size, None), "guidance_scale": (_Scale, None),
-                     "max_sequence_length": (_Tokens, None), "lora": _LORA, "gradient_checkpointing": (bool, None)}
-MODEL_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "toy-flux": {"guidance_scale": (_Scale, None), "lora": _LORA},
-    "flux": {**_DIFFUSERS_COMMON, "shift": (Union[_Shift, None], None)},
-    "sd3": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None)},
-    "qwenimage": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None)},
-    "wan": {**_DIFFUSERS_COMMON, "negative_prompt": (str, None), "num_frames": (Annotated[int, Field(ge=1, le=4096)],
-            None), "shift": (_Shift, None), "vae_tiling": (bool, None)},
-}
-_RGB = Annotated[float, Field(ge=0, le=255)]
-_SHARE = Annotated[float, Field(ge=0, le=1)]
-_TAU = {"tau": (_RGB, None), "tau_full": (_RGB, None)}
-_HF = {"device": (str, None), "dtype": (str, None), "batch_size": (Annotated[int, Field(ge=1, le=65536)], None)}
-# What each reward's factory takes (reward.options.<name>; the factories' signatures, checked by the same test).
-REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
-    "clipscore": {"model": (str, None), "processor": (Union[str, None], None), "prefix": (str, None), **_HF},
-    "hpsv2.1": {"checkpoint": (str, None), "model_name": (str, None), **_HF},
-    "jpeg_compressibility": {"quality": (Annotated[int, Field(ge=1, le=100)], None)},
-    "pickscore": {"model": (str, None), "processor": (str, None), **_HF},
-    "toy_background": _TAU, "toy_objects": _TAU, "toy_precision": _TAU,
-    "toy_fidelity": {**_TAU, "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
-    "toy_preference": {"sigma": (Annotated[float, Field(gt=0, le=1000)], None),
-                       "clean_sigma": (Annotated[float, Field(gt=0, le=1000)], None),
-                       "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
-}
-_MODEL_OPTION_MODELS = {k: _options_model(f"model.options ({k})", v) for k, v in MODEL_OPTIONS.items()}
-_REWARD_OPTION_MODELS = {k: _options_model(f"reward.options.{k}", v) for k, v in REWARD_OPTIONS.items()}
-
-
-def _typed_options(model: type[BaseModel], options: Mapping[str, Any], where: str, what: str) -> dict[str, Any]:
-    """``options`` read through ``model``: the values as typed (numeric strings become numbers), or one sentence
-    naming the dotted option, the value and what it takes."""
-    from pydantic import ValidationError
-
-    if not isinstance(options, Mapping):
-        raise ValueError(f"{where} must be a mapping of option -> value")
-    try:
-        typed = model.model_validate(dict(options))
-    except ValidationError as e:
-        err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            raise ValueError(f"{where}: {what} has no option {key!r}; its options: "
-                             f"{', '.join(model.model_fields)}") from None
-        msg = err["msg"].removeprefix("Value error, ")
-        if not key:  # a whole-dict check (true/false where a number goes) names the option itself
-            raise ValueError(f"{where}.{msg}") from None
-        raise ValueError(f"{where}.{key} = {err.get('input')!r} is invalid: {msg}") from None
-    return {k: getattr(typed, k) for k in options}
-
-
-class LoraConfig(_Section):
+class LoraConfig(Section):
     rank: int = Field(0, ge=0, description="LoRA rank; 0 trains the full transformer")
     alpha: float | None = Field(None, gt=0, description="LoRA alpha (default: the rank)")
     dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
@@ -196,8 +65,9 @@ class LoraConfig(_Section):
     )
 
 
-class ModelConfig(_Section):
-    backbone: str = Field("toy-flux", description=f"backbone name, one of {', '.join(KNOWN_BACKBONES)}")
+class ModelConfig(Section):
+    backbone: str = Field("toy-flux", description="backbone name: a registered backbone (jagg's: toy-flux, flux, sd3, "
+                                                  "qwenimage, wan; a plugin's: docs/extending.md)")
     path: str | None = Field(None, description="local model folder or a hub id already in the HF cache")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="transformer dtype")
     options: dict[str, Any] = Field(default_factory=dict, description="backbone options (resolution, guidance, ...)")
@@ -206,18 +76,17 @@ class ModelConfig(_Section):
     @field_validator("backbone")
     @classmethod
     def _known_backbone(cls, v: str) -> str:
-        if v not in KNOWN_BACKBONES:
-            raise ValueError(f"unknown backbone; use one of {', '.join(KNOWN_BACKBONES)}")
+        if v not in backbone_names():
+            raise ValueError(f"unknown backbone; use one of {', '.join(backbone_names())}")
         return v
 
     @model_validator(mode="after")
     def _typed(self) -> "ModelConfig":
-        self.options = _typed_options(_MODEL_OPTION_MODELS[self.backbone], self.options, "model.options",
-                                      repr(self.backbone))
+        self.options = backbone_spec(self.backbone).read_options(self.options)
         return self
 
 
-class WorldConfig(_Section):
+class WorldConfig(Section):
     """The embedded default's procedural world (toy-flux only)."""
 
     image_size: int = Field(24, ge=16, le=128, description="image side in pixels (a multiple of the patch size)")
@@ -229,13 +98,13 @@ class WorldConfig(_Section):
     seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of the prompt splits")
 
 
-class DataConfig(_Section):
+class DataConfig(Section):
     train_prompts: str | None = Field(
         None, description="training prompts (.txt, one per line, or .jsonl with 'prompt') for real profiles"
     )
 
 
-class PretrainConfig(_Section):
+class PretrainConfig(Section):
     """Flow-matching pretraining of the toy-flux base model."""
 
     steps: int = Field(4000, ge=1, description="optimizer steps")
@@ -259,7 +128,7 @@ class PretrainConfig(_Section):
     guidance_scale: float = Field(3.0, ge=1, description="classifier-free guidance of the saved model (1 = off)")
 
 
-class SampleConfig(_Section):
+class SampleConfig(Section):
     num_steps: int = Field(12, ge=2, le=1000, description="denoising steps T of a rollout")
     noise_level: float = Field(0.7, ge=0, description="SDE noise: Flow-GRPO's a or DanceGRPO's eta")
     sde_kind: Literal["flow_grpo", "dance_grpo", "cps"] = Field("flow_grpo", description="SDE form (cps: "
@@ -316,7 +185,7 @@ class SampleConfig(_Section):
         return self
 
 
-class TrainConfig(_Section):
+class TrainConfig(Section):
     iterations: int = Field(32, ge=1, description="GRPO iterations (rollout + update)")
     lr: float = Field(1e-4, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -352,7 +221,7 @@ class TrainConfig(_Section):
         return v
 
 
-class JaggConfig(_Section):
+class JaggConfig(Section):
     window: int = Field(4, ge=2, description="W: consecutive steps per group")
     jagg_frac: JaggFrac = Field(
         0.6, description="fraction of groups (high-noise first) using JAGG, or 'auto' (from gradient fidelity)"
@@ -372,7 +241,7 @@ class JaggConfig(_Section):
         return self
 
 
-class MethodConfig(_Section):
+class MethodConfig(Section):
     """A training method: the backward mode plus optional overrides of the jagg section."""
 
     mode: Literal[MODES] = Field(
@@ -386,7 +255,7 @@ class MethodConfig(_Section):
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     methods: list[str] = Field(default_factory=lambda: ["baseline", "jagg", "ablate"], description="methods run")
     seeds: list[Annotated[Count, Field(ge=0, le=2**31 - 1)]] = Field(default_factory=lambda: [0],
                                                                    description="training seeds (0 or more)")
@@ -402,7 +271,16 @@ class RunConfig(_Section):
         return v
 
 
-class RewardConfig(_Section):
+def _known(names: list[str], what: str = "reward") -> None:
+    """Every name is a registered reward, else one sentence naming the first that is not."""
+    for name in names:
+        try:
+            reward_spec(name)
+        except PluginError as e:
+            raise ValueError(str(e).replace("unknown reward", f"unknown {what}", 1)) from None
+
+
+class RewardConfig(Section):
     weights: dict[str, Number] = Field(
         default_factory=lambda: {"toy_fidelity": 1.0},
         description="reward name -> weight of the training reward"
@@ -421,16 +299,13 @@ class RewardConfig(_Section):
     @field_validator("weights", "options")
     @classmethod
     def _known_rewards(cls, v: dict) -> dict:
-        unknown = sorted(set(v) - set(KNOWN_REWARDS))
-        if unknown:
-            raise ValueError(f"unknown reward {unknown[0]!r}; use one of {', '.join(KNOWN_REWARDS)}")
+        _known(sorted(v))
         return v
 
     @field_validator("options")
     @classmethod
     def _typed(cls, v: dict) -> dict:
-        return {name: _typed_options(_REWARD_OPTION_MODELS[name], opts, f"reward.options.{name}", repr(name))
-                for name, opts in v.items()}
+        return {name: reward_spec(name).read_options(opts) for name, opts in v.items()}
 
     @field_validator("weights")
     @classmethod
@@ -441,7 +316,7 @@ class RewardConfig(_Section):
         return v
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     protocol: Literal["hpdv2-benchmark", "hpdv2-test"] = Field(
         "hpdv2-benchmark", description="test set and summary: HPDv2's benchmark/ (4 styles, block means) or its "
         "400-prompt test.json (plain mean); jagg_core/evaluation/protocols.py, docs/evaluation.md")
@@ -468,13 +343,11 @@ class EvalConfig(_Section):
     @field_validator("metrics")
     @classmethod
     def _known_metrics(cls, v: list[str]) -> list[str]:
-        unknown = [m for m in v if m not in KNOWN_REWARDS]
-        if unknown:
-            raise ValueError(f"unknown metric {unknown[0]!r}; use one of {', '.join(KNOWN_REWARDS)}")
+        _known(v, "metric")
         return v
 
 
-class TrackingConfig(_Section):
+class TrackingConfig(Section):
     mlflow_uri: str = Field("sqlite:///mlflow.db", description="MLflow store; relative sqlite paths are repo-relative")
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
     retries: int = Field(5, ge=0, le=20, description="retries of a failed MLflow call (exponential backoff, at most "
@@ -498,7 +371,7 @@ class TrackingConfig(_Section):
         return v
 
 
-class ResourcesConfig(_Section):
+class ResourcesConfig(Section):
     device: Literal["cpu", "cuda", "auto"] = Field("auto", description="cpu, cuda, or auto (cuda when available)")
     num_processes: int = Field(1, ge=1, description="training processes per machine (accelerate)")
     distributed: Literal["ddp", "fsdp"] = Field("ddp", description="multi-process strategy")
@@ -535,7 +408,7 @@ class ResourcesConfig(_Section):
         return v
 
 
-class Params(_Section):
+class Params(Section):
     """The whole resolved configuration of one profile."""
 
     # The pattern is on the field, not only on --profile: `--set profile=../../x` names folders too.
@@ -545,6 +418,10 @@ class Params(_Section):
         description="folder name of the runs, checkpoints, evaluations and report (default: the profile's name; a "
                     "flow run with parameter overrides gets its own)",
     )
+    plugins: list[Annotated[str, Field(min_length=1, max_length=1000)]] = Field(
+        default_factory=list, max_length=100,
+        description="plugin files (a backbone or a reward each, paths inside the project): imported before the rest "
+                    "is validated, as installed packages' `jagg.plugins` entry points are (docs/extending.md)")
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     world: WorldConfig = Field(default_factory=WorldConfig)
@@ -564,6 +441,20 @@ class Params(_Section):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plugins_first(cls, data: Any) -> Any:
+        """The plugin files are imported before any section is read: their backbones and rewards are names the
+        sections may use. Paths are the project's (the working directory: every stage runs at its root)."""
+        files = data.get("plugins") if isinstance(data, dict) else None
+        if files is None:
+            load_plugins()
+            return data
+        if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
+            raise ValueError("plugins must be a list of file paths inside the project, e.g. [plugins/my_reward.py]")
+        load_plugins(tuple(inside(Path.cwd(), f, "plugins", kind="file") for f in files))
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -599,7 +490,7 @@ class Params(_Section):
             anchors = m.anchors or self.jagg.anchors
             if anchors > window:
                 raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
-        if self.eval.split == "validation" and not (self.model.backbone == "toy-flux" and self.world.n_validation_per_style):
+        if self.eval.split == "validation" and not (self.is_toy and self.world.n_validation_per_style):
             raise ValueError("eval.split = validation needs the toy world's validation split (world.n_validation_per_style "
                              "> 0); a real profile names its own held-out prompts in eval.benchmark")
         return self
@@ -620,7 +511,8 @@ class Params(_Section):
 
     @property
     def is_toy(self) -> bool:
-        return self.model.backbone == "toy-flux"
+        """The backbone is the embedded toy world's (its prompts from the world, its base model from pretrain)."""
+        return backbone_spec(self.model.backbone).world
 
 
 class ResolvedMethod(JaggConfig):

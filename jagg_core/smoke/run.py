@@ -41,7 +41,7 @@ from jagg_core.setup.config import Params
 from jagg_core.setup.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
-from .tiny_pipelines import FluxShape, build_flux
+from ..policies.tiny import FluxShape, build_flux
 
 __all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "run_smoke",
            "smoke_params", "write_result"]
@@ -116,7 +116,7 @@ PROMPTS = ["a photo of a cat", "a red cat", "two blue dogs on green grass", "a y
 
 def build_tiny_flux(folder: str | Path, size: SmokeSize, *, seed: int = 0) -> Path:
     """A FLUX.1-dev-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
-    (jagg_core/smoke/tiny_pipelines.py): FLUX.1's VAE compression (8×, 16 latent channels) and scheduler."""
+    (jagg_core/policies/tiny.py): FLUX.1's VAE compression (8×, 16 latent channels) and scheduler."""
     if size.attention_head_dim % 2 or size.attention_head_dim < 8:
         raise SmokeError(f"attention_head_dim {size.attention_head_dim} must be an even number of at least 8.")
     shape = FluxShape(

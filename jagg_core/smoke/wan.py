@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .tiny_pipelines import WanShape, build_wan
+from ..policies.tiny import WanShape, build_wan
 
 __all__ = ["WAN_PROFILES", "WAN_SIZES", "WanSmokeSize", "build_tiny_wan", "wan_overrides"]
 
@@ -52,7 +52,7 @@ WAN_SIZES: dict[str, WanSmokeSize] = {
 
 def build_tiny_wan(folder: str | Path, size: WanSmokeSize, *, seed: int = 0) -> Path:
     """A Wan2.1-T2V-shaped pipeline of the smoke test's ``size`` with random weights, saved as a diffusers folder
-    (jagg_core/smoke/tiny_pipelines.py): the released model's VAE compression (×8 in space, ×4 in time, 16 latent channels)."""
+    (jagg_core/policies/tiny.py): the released model's VAE compression (×8 in space, ×4 in time, 16 latent channels)."""
     d = size.text_dim
     shape = WanShape(
         num_layers=size.num_layers, num_attention_heads=size.num_attention_heads,

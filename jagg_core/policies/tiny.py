@@ -1,5 +1,6 @@
-"""Tiny random Flux, SD3, Qwen-Image and Wan pipelines, built in code and saved as diffusers folders: the one builder
-of the smoke test (`jagg smoke`, jagg_core/smoke/run.py) and the tests (tests/test_real_backbones.py, tests/test_wan.py).
+"""Tiny random Flux, SD3, Qwen-Image and Wan pipelines, built in code and saved as diffusers folders: each backbone's
+stand-in (its spec's ``stand_in``), which the smoke test (`jagg smoke`, jagg_core/smoke/run.py) and the tests
+(tests/test_real_backbones.py, tests/test_wan.py) build.
 
 They have the real component classes and folder layout (model_index.json, one subfolder per component), so the
 policies load them through exactly the code path of the released weights; nothing is downloaded. Tokenizers are built
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["BUILDERS", "FluxShape", "IMAGE_SIZE", "WanShape", "build_flux", "build_qwenimage", "build_sd3",
+__all__ = ["FluxShape", "IMAGE_SIZE", "WanShape", "build_flux", "build_qwenimage", "build_sd3",
            "build_wan", "clip_encoder", "clip_tokenizer", "kl_vae", "qwen_tokenizer", "rope_axes", "t5_encoder",
            "t5_tokenizer"]
 
@@ -338,6 +339,3 @@ def build_wan(folder: str | Path, shape: WanShape = WanShape(), *, seed: int = 0
     folder = Path(folder)
     pipe.save_pretrained(folder)
     return folder
-
-
-BUILDERS = {"flux": build_flux, "sd3": build_sd3, "qwenimage": build_qwenimage, "wan": build_wan}

@@ -1,0 +1,196 @@
+"""The plugin registry: every backbone and every reward is one spec, registered where it is defined.
+
+As timm's ``@register_model``: a backbone module declares its :class:`BackboneSpec` (options, the files it needs, cost
+facts for ``jagg plan``, export and evaluation facts, a tiny random stand-in) beside its policy factory, a reward
+module its :class:`RewardSpec` beside its factory, and registers it there (``jagg_core.policies.register_backbone``,
+``jagg_core.rewards.register_reward``). The configuration, ``jagg plan``, export, evaluation, the report and the smoke
+test read the specs; none of them names a backbone or a reward.
+
+Where plugins come from (:func:`load_plugins`), the built-in ones included, so that a user's plugin is found the way
+jagg finds its own:
+
+- the entry-point group ``jagg.plugins`` of every installed package (jagg's own pyproject.toml lists its built-ins
+  there; a user's package adds ``[project.entry-points."jagg.plugins"] my_reward = "my_pkg.my_reward"``);
+- the files named in params.yaml's ``plugins`` list (paths inside the project), imported by path.
+
+A plugin that fails to import, registers a name that is already taken, or declares a spec that is not one, is one
+sentence (:class:`PluginError`) naming the plugin and its file. docs/extending.md is the guide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import threading
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping
+
+from ..errors import UserError
+from .options import OptionSchema, option_reader, read_options
+
+__all__ = ["ENTRY_POINT_GROUP", "BackboneSpec", "CostFacts", "PluginError", "RewardSpec", "add", "backbone_names",
+           "backbone_spec", "load_plugins", "reward_names", "reward_spec"]
+
+ENTRY_POINT_GROUP = "jagg.plugins"
+
+
+class PluginError(UserError, ValueError):
+    """A plugin that cannot be loaded or registered; the message is one sentence for the user."""
+
+
+@dataclass(frozen=True)
+class CostFacts:
+    """What the cost of one transformer forward depends on (the published config), for ``jagg plan``."""
+
+    name: str  # the model's published name
+    params: float  # transformer parameters
+    layers: int  # attention layers (joint image-text attention in each)
+    hidden: int  # width d
+    pixels_per_token: int  # image pixels per token side (VAE downsampling × patch size)
+    text_tokens: int  # text tokens in the attention (an assumption for prompts of HPDv2's length where noted)
+    frozen_params: float  # text encoders + VAE, held on every rank in the dtype
+    source: str  # where the numbers come from
+    frames_per_latent: int = 0  # video: the VAE's temporal compression (F' = (F − 1) / it + 1); 0: an image model
+    cross_attention: bool = False  # text by cross-attention (Wan), not in the joint sequence
+    true_cfg: bool = False  # guidance_scale > 1 runs the conditional and unconditional halves: 2 forwards a step
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """A backbone: its policy factory ``(path, *, device, dtype, options) -> Policy`` and what the rest of jagg needs
+    to know of it without loading it."""
+
+    name: str
+    factory: Callable[..., Any]
+    options: OptionSchema  # model.options: {option: (type, default)}, read strictly (jagg_core.setup.options)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # the policy's defaults (resolution, guidance, ...)
+    hub_id: str | None = None  # where `huggingface-cli download` fetches it (the HF cache is read offline)
+    components: Mapping[str, str] = field(default_factory=dict)  # sub-folder -> the files it must hold
+    check_files: Callable[[str | None], None] | None = None  # files checked without loading (None: by components)
+    cost: CostFacts | None = None  # jagg plan's arithmetic (None: not planned, e.g. a laptop-sized model)
+    export_pipeline: str | None = None  # the diffusers pipeline whose LoRA format an export writes
+    video: bool = False  # samples are clips (B, F, 3, H, W): frame-averaged image scores, frame strips
+    world: bool = False  # the embedded toy world's model: prompts from the world, base model from `jagg pretrain`
+    stand_in: Callable[[Path], Path] | None = None  # writes a tiny random model folder (tests, `jagg smoke`)
+    origin: str = ""  # the module or file that registered it (filled in by add())
+
+    def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        return read_options(_reader("model.options", self), options, "model.options", repr(self.name))
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """A reward: its factory ``(**options) -> RewardFn`` and what evaluation and the report say of its scores."""
+
+    name: str
+    factory: Callable[..., Any]
+    options: OptionSchema  # reward.options.<name>: {option: (type, default)}
+    kind: Literal["pointwise", "groupwise"] = "pointwise"  # groupwise: scores a prompt's whole group at once
+    table: tuple[str, float, str] | None = None  # the table value: (score key, scale, label); None: the reward's value
+    describe: Callable[[Mapping[str, Any]], str] | None = None  # what it scores with (model, weights), one line
+    origin: str = ""
+
+    def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        where = f"reward.options.{self.name}"
+        return read_options(_reader(where, self), options, where, repr(self.name))
+
+    @property
+    def table_value(self) -> tuple[str, float, str]:
+        return self.table or (self.name, 1.0, "the reward's value")
+
+
+_READERS: dict[tuple[str, int], Any] = {}
+
+
+def _reader(where: str, spec: BackboneSpec | RewardSpec):
+    key = (where, id(spec))
+    if key not in _READERS:
+        _READERS[key] = option_reader(f"{where} ({spec.name})", spec.options)
+    return _READERS[key]
+
+
+_SPECS: dict[str, dict[str, BackboneSpec | RewardSpec]] = {"backbone": {}, "reward": {}}
+_LOADED: set[str] = set()  # entry points and files already imported by this process
+_LOCK = threading.RLock()
+_loading: list[str] = []  # the plugin being imported (its registrations are attributed to it)
+
+
+def add(kind: Literal["backbone", "reward"], spec: BackboneSpec | RewardSpec) -> None:
+    """Register ``spec`` (what ``register_backbone`` / ``register_reward`` call); a taken name is one sentence."""
+    origin = _loading[-1] if _loading else getattr(spec.factory, "__module__", "?")
+    spec = type(spec)(**{**spec.__dict__, "origin": origin})
+    taken = _SPECS[kind].get(spec.name)
+    if taken is not None:
+        raise PluginError(f"{kind} {spec.name!r} of {origin} clashes with the {kind} of that name from "
+                          f"{taken.origin}; give it another name.")
+    _SPECS[kind][spec.name] = spec
+
+
+def _import(label: str, load: Callable[[], Any]) -> None:
+    if label in _LOADED:
+        return
+    _LOADED.add(label)  # also when it fails: the sentence is raised once, not half a registration twice
+    _loading.append(label)
+    try:
+        load()
+    except PluginError:
+        raise
+    except Exception as e:  # noqa: BLE001  (a plugin's own error, whatever it is, is one sentence naming it)
+        raise PluginError(f"plugin {label} failed to import: {type(e).__name__}: {str(e)[:300]}") from None
+    finally:
+        _loading.pop()
+
+
+def _load_file(path: Path) -> None:
+    name = f"jagg_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"plugin file {path} is not a Python module (a .py file).")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look their module up
+    spec.loader.exec_module(module)
+
+
+def load_plugins(files: tuple[Path, ...] = ()) -> None:
+    """Import every plugin once per process: the ``jagg.plugins`` entry points (jagg's built-ins among them), then
+    ``files`` (resolved paths of params.yaml's ``plugins``)."""
+    with _LOCK:
+        for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.value, e.name)):
+            _import(f"{ep.name} ({ep.value})", ep.load)
+        for path in files:
+            if not path.is_file():
+                raise PluginError(f"plugin file {path} does not exist; params.yaml's plugins names files inside the "
+                                  f"project.")
+            _import(str(path), lambda p=path: _load_file(p))
+        if not _SPECS["backbone"]:
+            raise PluginError(f"no backbone is registered: jagg's entry points ({ENTRY_POINT_GROUP}) are missing; "
+                              f"install the project (`make setup`, or `pip install -e .`).")
+
+
+def backbone_spec(name: str) -> BackboneSpec:
+    load_plugins()
+    spec = _SPECS["backbone"].get(name)
+    if spec is None:
+        raise PluginError(f"unknown backbone {name!r}; use one of {', '.join(backbone_names())}")
+    return spec  # type: ignore[return-value]
+
+
+def reward_spec(name: str) -> RewardSpec:
+    load_plugins()
+    spec = _SPECS["reward"].get(name)
+    if spec is None:
+        raise PluginError(f"unknown reward {name!r}; use one of {', '.join(reward_names())}")
+    return spec  # type: ignore[return-value]
+
+
+def backbone_names() -> list[str]:
+    load_plugins()
+    return sorted(_SPECS["backbone"])
+
+
+def reward_names() -> list[str]:
+    load_plugins()
+    return sorted(_SPECS["reward"])
