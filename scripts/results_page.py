@@ -29,6 +29,23 @@ def _gain(row: dict, metric: str) -> dict:
     return row["intervals"][metric]["gain_seeds"]
 
 
+def _same_numbers(s: dict) -> str:
+    """A sentence where JAGG with rollout-velocity reuse gave JAGG's numbers exactly, and why that is expected."""
+    p = next((p for p in s["paired"] if (p["a"], p["b"]) == ("jagg-reuse", "jagg")), None)
+    if not p or any(d != 0 for d in p["diffs"]):
+        return ""
+    return ("\njagg-reuse − jagg is exactly 0 on every seed: with one optimizer step per iteration the update runs "
+            "the policy that made the rollout, so the middle steps' velocities it reuses are the ones JAGG recomputes, "
+            "bit for bit; reuse only saves their forwards (the speed table below).\n")
+
+
+def _evaluated(s: dict) -> str:
+    """What the evaluations scored: the final checkpoint on the whole test split, the curve's on its subset."""
+    n = s.get("curve_prompts_per_style")
+    whole = "the final checkpoint on the 512 test prompts"
+    return f": {whole}, the curve's checkpoints on the first {n} prompts per style" if n else f": {whole} and so the curve's"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", default=str(ROOT / "docs/results/summary.json"))
@@ -123,10 +140,10 @@ on which the recipe was chosen (docs/toy_world.md, "Splits"; docs/toy_rl.md's pi
 not bought with worse pictures. Every score carries two intervals: over seeds (Student-t, what another seed would
 do) and over prompts (a bootstrap of the test prompts, what another draw of the test split would do).
 
-Measured with `jagg run --profile toy-full --parallel-runs 2 --set resources.num_threads=1` on a clone of main at
-{args.commit} on {args.machine} ({args.date}): **{args.wall}** for everything (prompts, the shipped base, {sum(seeds.values())}
-trainings two at a time, one thread each, their evaluations on 512 test prompts at 4 checkpoints each, beside the next
-trainings){f", {args.cpu} of CPU time" if args.cpu else ""}; then `jagg speed` (every method's update side by side) and
+Measured with `jagg run --profile toy-full --parallel-runs 2` (the toy-full deployment's parameters) on a clone of main
+at {args.commit} on {args.machine} ({args.date}): **{args.wall}** for everything (prompts, the shipped base, {sum(seeds.values())}
+trainings two at a time, one thread each, each run's evaluation beside the next trainings{_evaluated(s)}, `jagg speed`
+(every method's update side by side) and the report){f", {args.cpu} of CPU time" if args.cpu else ""}; then
 `jagg report --copy-to docs/results`. The tables and figures below are the report's; the numbers in the prose are
 read from [results/summary.json](results/summary.json) by `scripts/results_page.py`.
 
@@ -145,7 +162,7 @@ read from [results/summary.json](results/summary.json) by `scripts/results_page.
 | difference | seeds | mean | seeds' 95% (Student-t) | prompts' 95% (bootstrap) |
 |---|---|---|---|---|
 {chr(10).join(x for x in (pair_line(a, b) for a, b in (("jagg", "baseline"), ("ablate", "jagg"), ("ablate", "baseline"), ("jagg-reuse", "jagg"))) if x)}
-
+{_same_numbers(s)}
 Non-inferiority margin: {NONINFERIORITY_MARGIN:g} `toy_fidelity` (jagg_core/pipeline/report_stats.py), fixed before
 these runs: the previous round's bar, "within one seed sd of the baseline".
 
