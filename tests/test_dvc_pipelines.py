@@ -128,7 +128,7 @@ def test_a_profile_that_gains_a_run_key_needs_its_pipeline_written_again(tmp_pat
 
 
 @pytest.mark.slow
-def test_a_param_change_on_toy_full_makes_exactly_its_stages_stale(tmp_path):
+def test_a_param_change_on_toy_full_makes_exactly_its_stages_stale(tmp_path, monkeypatch):
     """toy-full's 85 stages recorded as done (stand-in outputs, `dvc commit`: nothing trains), then one method's param
     changed: `dvc status` on toy-full's pipeline names exactly that method's 10 trainings, speed and report."""
     from dvc.repo import Repo
@@ -142,12 +142,13 @@ def test_a_param_change_on_toy_full_makes_exactly_its_stages_stale(tmp_path):
             shutil.copy2(REPO / f, root / f)
     target = "pipelines/toy-full/dvc.yaml"
     subprocess.run(["git", "init", "-q"], cwd=root, check=True)  # the copy's .dvc/ (its config) is the checkout's
+    monkeypatch.chdir(root)  # DVC's output paths are relative to the working directory
     repo = Repo(str(root))
     stages = repo.stage.collect(target)
     assert len(stages) == 85
     for stage in stages:
         for out in stage.outs:
-            path = Path(out.fs_path)
+            path = root / Path(out.fs_path).resolve().relative_to(root)
             path.parent.mkdir(parents=True, exist_ok=True)
             if path.suffix in (".json", ".tsv"):
                 path.write_text("{}\n")
