@@ -8,7 +8,7 @@ export TRANSFORMERS_OFFLINE := 1
 export DVC_NO_ANALYTICS := 1
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 
-.PHONY: setup run test test-fast repro
+.PHONY: setup run test test-fast repro pipelines
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,5 +39,14 @@ test-fast: setup
 	$(BIN)/lint-imports
 	$(PYTEST) -m "not slow"
 
+# DVC reproduces one profile's pipeline, pipelines/$(PROFILE)/dvc.yaml: params.yaml's `profile` key (toy) unless
+# given (`make repro PROFILE=toy-full`). `make pipelines` writes every profile's pipeline from pipelines/template.yaml
+# and params.yaml; `make repro` first checks that they are up to date (a profile whose overlay gained a run key).
+PROFILE ?= $(shell sed -n 's/^profile:[[:space:]]*\([a-z0-9_-]*\).*/\1/p' params.yaml)
+
+pipelines: setup
+	$(BIN)/python -m tasks.dvc_pipelines
+
 repro: setup
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro
+	$(BIN)/python -m tasks.dvc_pipelines --check
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro pipelines/$(PROFILE)/dvc.yaml

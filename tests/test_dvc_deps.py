@@ -1,14 +1,17 @@
-"""dvc.yaml lists, for every stage, exactly the code its command imports (statically, lazy imports included).
+"""Every DVC pipeline lists, for every stage, exactly the code its command imports (statically, lazy imports included).
 
 A stage whose deps miss a module it runs is never rerun when that module changes (the sampler, say); a dep it does
-not import reruns it for nothing. Sub-packages may be listed as folders.
+not import reruns it for nothing. Sub-packages may be listed as folders. The deps are written once, in
+pipelines/template.yaml; each profile's pipelines/<profile>/dvc.yaml is written from it (tasks/dvc_pipelines.py), and
+both are checked here.
 
-    python tests/test_dvc_deps.py     # print each stage's import closure as dvc.yaml deps
+    python tests/test_dvc_deps.py     # print each stage's import closure as pipelines/template.yaml deps
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -51,7 +54,8 @@ def _plugin_modules() -> list[str]:
     return list(project.get("entry-points", {}).get("jagg.plugins", {}).values())
 
 
-def import_closure(module: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def import_closure(module: str) -> frozenset[str]:
     """Repository files that ``python -m module`` may execute: every local import, at any depth, with the
     ``__init__.py`` of every package on the way. The registry imports every built-in plugin by its entry point (a
     validation of params reads their specs), so it counts as importing them."""
@@ -71,18 +75,29 @@ def import_closure(module: str) -> set[str]:
                 todo.extend(_imports(f, name))
                 if name == "jagg_core.setup.registry":
                     todo.extend(_plugin_modules())
-    return {str(f.relative_to(REPO)) for f in files}
+    return frozenset(str(f.relative_to(REPO)) for f in files)
 
 
-def _stages() -> dict[str, tuple[str, list[str]]]:
-    """stage -> (the module its command runs, its code deps)."""
-    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+def _pipelines() -> list[Path]:
+    """The template and every profile's pipeline."""
+    return [REPO / "pipelines/template.yaml", *sorted((REPO / "pipelines").glob("*/dvc.yaml"))]
+
+
+@functools.lru_cache(maxsize=None)
+def _stages(files: tuple[Path, ...] | None = None) -> dict[str, tuple[str, list[str]]]:
+    """``<pipeline>:<stage>`` -> (the module its command runs, its code deps)."""
     out = {}
-    for name, st in stages.items():
-        module = re.search(r"python -m ([\w.]+)", st["cmd"]).group(1)
-        code = [d for d in st["deps"] if d.split("/")[0] in LOCAL]
-        out[name] = (module, code)
+    for path in files or _pipelines():
+        where = path.parent.name if path.name == "dvc.yaml" else path.stem
+        for name, st in yaml.safe_load(path.read_text())["stages"].items():
+            module = re.search(r"python -m ([\w.]+)", st["cmd"]).group(1)
+            code = [d for d in st["deps"] if d.split("/")[0] in LOCAL]
+            out[f"{where}:{name}"] = (module, code)
     return out
+
+
+def test_every_profile_has_a_pipeline_checked_here():
+    assert {p.parent.name for p in _pipelines()[1:]} >= {"toy", "toy-full", "toy-mix", "ci", "flux-fast"}
 
 
 def _covered(path: str, dep: str) -> bool:
@@ -95,8 +110,8 @@ def test_stage_deps_are_the_code_its_command_imports(stage):
     closure = import_closure(module)
     missing = sorted(f for f in closure if not any(_covered(f, d) for d in deps))
     unused = sorted(d for d in deps if not any(_covered(f, d) for f in closure))
-    assert not missing, f"{stage}: dvc.yaml misses code its command imports: {missing}"
-    assert not unused, f"{stage}: dvc.yaml lists code its command never imports: {unused}"
+    assert not missing, f"{stage}: the pipeline misses code its command imports: {missing}"
+    assert not unused, f"{stage}: the pipeline lists code its command never imports: {unused}"
 
 
 def test_the_closure_follows_lazy_and_relative_imports():
@@ -108,7 +123,7 @@ def test_the_closure_follows_lazy_and_relative_imports():
 
 
 if __name__ == "__main__":
-    for name, (module, _) in _stages().items():
+    for name, (module, _) in _stages((REPO / "pipelines/template.yaml",)).items():
         files = sorted(import_closure(module))
         packages = sorted({"/".join(f.split("/")[:2]) for f in files if f.count("/") >= 2})
         flat = [f for f in files if f.count("/") < 2 and not f.endswith("__init__.py")]

@@ -60,23 +60,40 @@ def _mlflow_runs(root: Path, experiment: str) -> dict[str, dict]:
             for r in runs}
 
 
+CI_PIPELINE = "pipelines/ci/dvc.yaml"  # the ci profile's pipeline (tasks/dvc_pipelines.py writes one per profile)
+
+
+def _stage(addressed: str) -> str:
+    """``pipelines/ci/dvc.yaml:train@jagg-0`` -> ``train@jagg-0``."""
+    assert addressed.startswith(f"{CI_PIPELINE}:"), addressed
+    return addressed.removeprefix(f"{CI_PIPELINE}:")
+
+
 def _stale(root: Path) -> set[str]:
-    out = _run([str(BIN / "dvc"), "status", "--json"], root)
+    out = _run([str(BIN / "dvc"), "status", "--json", CI_PIPELINE], root)
     assert out.returncode == 0, out.stderr
-    return set(json.loads(out.stdout or "{}"))
+    return {_stage(s) for s in json.loads(out.stdout or "{}")}
+
+
+def _ran(out: subprocess.CompletedProcess) -> set[str]:
+    return {_stage(s) for s in re.findall(r"Running stage '([^']+)'", out.stdout)}
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # ~20 stage processes; beside another test worker on 2 cores it may pass 900 s
 def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_path):
     root = _clone(tmp_path)
-    # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same.
+    # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same. ci's
+    # pipeline reads its methods from the top-level run.methods (its overlay sets none): the edit changes its stages.
     text = (root / "params.yaml").read_text()
     three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
     assert three in text
     (root / "params.yaml").write_text(text.replace(three, two, 1))
-    first = _run([str(BIN / "dvc"), "repro"], root)
+    first = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert _ran(first) == {"prepare", "pretrain", "evaluate-base", "speed", "report",
+                           *(f"{stage}@{m}-0" for stage in ("train", "evaluate") for m in ("baseline", "jagg"))}
+    assert (root / "pipelines/ci/dvc.lock").is_file() and not (root / "dvc.lock").exists()
     for method in ("baseline", "jagg"):
         run = f"{method}-s0"
         assert (root / "checkpoints/ci" / run / "checkpoint-000002/manifest.json").exists()
@@ -101,7 +118,7 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
         r = runs[f"{method}-s0"]
         assert {"reward/mean", "time/update", "train/backward_calls", "train/kl_ref", "eval/toy_fidelity",
                 "reward/toy_fidelity/group_std", "reward/toy_fidelity/zero_std_frac"} <= set(r["metrics"])
-        assert r["tags"]["method"] == method and r["tags"]["dvc_stage"].startswith("evaluate@")
+        assert r["tags"]["method"] == method and r["tags"]["dvc_stage"] == f"{CI_PIPELINE}:evaluate@{method}-0"
         assert r["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
     assert _stale(root) == set()
 
@@ -112,17 +129,16 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     # `dvc status` names the stages whose own params or deps changed; `dvc repro` then also reruns what depends on
     # their outputs (evaluate@jagg-0 reads the new checkpoints).
     assert _stale(root) == {"train@jagg-0", "speed", "report"}
-    second = _run([str(BIN / "dvc"), "repro"], root)
+    second = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
-    ran = set(re.findall(r"Running stage '([^']+)'", second.stdout))
-    assert ran == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
+    assert _ran(second) == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
     assert _stale(root) == set()
 
     # Code: editing a module makes exactly the stages whose commands import it stale, and `dvc repro` reruns them
     # (the report's figures: one stage, so the check stays cheap; test_dvc_deps checks every stage's import list).
     import yaml
 
-    spec = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    spec = yaml.safe_load((root / CI_PIPELINE).read_text())["stages"]
     edited = "jagg_core/pipeline/report_figures.py"
     users = set()
     for name, stage in spec.items():
@@ -131,15 +147,17 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     with open(root / edited, "a") as f:
         f.write("\n# an edit\n")
     assert _stale(root) == users == {"report"}
-    third = _run([str(BIN / "dvc"), "repro"], root)
+    third = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert set(re.findall(r"Running stage '([^']+)'", third.stdout)) == users and _stale(root) == set()
+    assert _ran(third) == users and _stale(root) == set()
 
     # A quick sweep point as a DVC experiment: one more iteration resumes each run (iterations do not change the
     # run's fingerprint) and keeps its whole curve (curve.tsv is persistent), evaluates it and records the experiment
     # with its metrics; evaluation curves are plots.
-    exp = _run([str(BIN / "dvc"), "exp", "run", "-S", "profiles.ci.train.iterations=3", "--name", "three"], root)
+    exp = _run([str(BIN / "dvc"), "exp", "run", CI_PIPELINE, "-S", "profiles.ci.train.iterations=3", "--name", "three"],
+               root)
     assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
+    assert {"train@baseline-0", "train@jagg-0", "evaluate@baseline-0", "evaluate@jagg-0"} <= _ran(exp)
     shown = json.loads(_run([str(BIN / "dvc"), "exp", "show", "--json"], root).stdout)
     names = {e.get("name") for rev in shown for e in (rev.get("experiments") or []) for e in e.get("revs", [])}
     assert "three" in names, shown
@@ -151,6 +169,34 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     plots = _run([str(BIN / "dvc"), "plots", "show", "--json"], root)
     assert plots.returncode == 0 and "eval/ci/jagg-s0/curve.json" in plots.stdout, plots.stderr[-2000:]
 
+
+
+def _files(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(f.relative_to(folder)): (f.stat().st_mtime_ns, f.read_bytes()) for f in sorted(folder.rglob("*"))
+            if f.is_file()}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_dvc_repro_after_jagg_run_retrains_nothing_then_is_up_to_date(tmp_path):
+    """`make run` then `make repro`, on ci: the profile's pipeline runs the commands `jagg run` ran, into the same
+    folders, so its first `dvc repro` (no dvc.lock yet: every stage runs once) finds every run trained and every
+    evaluation made, rewrites no checkpoint, and leaves the pipeline up to date."""
+    root = _clone(tmp_path)
+    text = (root / "params.yaml").read_text()
+    three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
+    (root / "params.yaml").write_text(text.replace(three, two, 1))
+    run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    trained = {run: _files(root / "checkpoints/ci" / run) for run in ("baseline-s0", "jagg-s0")}
+    curves = {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in ("baseline-s0", "jagg-s0")}
+    assert all(trained.values())
+    repro = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
+    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    assert {"train@baseline-0", "train@jagg-0"} <= _ran(repro)  # run once, to be recorded in pipelines/ci/dvc.lock
+    assert {run: _files(root / "checkpoints/ci" / run) for run in trained} == trained  # not one file rewritten
+    assert {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in curves} == curves
+    assert _stale(root) == set()
 
 
 def _flow_artifacts(api: str, flow_run_id: str) -> dict[str, dict]:
