@@ -68,6 +68,8 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
     sources = run_sources(raw, profile)
     has_overlay = profile in (raw.get("profiles") or {})
     params = _params_lines(sources)
+    overlay = (raw.get("profiles") or {}).get(profile) or {}
+    plugins = [str(f) for f in overlay.get("plugins", raw.get("plugins")) or []]
     body = template[template.index("\nstages:\n") + 1:]
     out, cmds = [], 0
     for line in body.splitlines():
@@ -86,6 +88,8 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
             out.append(f"{cmd.group(1)}wdir: ../..")
             line = f"{cmd.group(1)}cmd: python -m {cmd.group(2)} --profile {profile}{cmd.group(3)}"
         out.append(line.replace("${profile}", profile))
+        if re.fullmatch(r"\s+deps:\s*", line):  # a plugin file is code every stage runs (params validation)
+            out += [f"{line[:line.index('deps')]}  - {f}" for f in plugins]
     if cmds != len(parse_yaml(template, str(TEMPLATE))["stages"]):
         raise ParamsError(f"{TEMPLATE}: every stage's cmd must be one line `cmd: python -m tasks.<module> ...`.")
     head = [
