@@ -28,8 +28,8 @@ __all__ = [
 
 # The registries' names, known without importing them (tests check these equal the registries).
 KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
-KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background", "toy_fidelity",
-                 "toy_objects", "toy_precision", "toy_preference")
+KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background",
+                 "toy_fidelity", "toy_fidelity_rank", "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
 # A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
 # anything is allocated (the paper's recipes take at most 384 images of 51 steps; the toy 128 of 13).
@@ -156,6 +156,7 @@ REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
     "pickscore": {"model": (str, None), "processor": (str, None), **_HF},
     "toy_background": _TAU, "toy_objects": _TAU, "toy_precision": _TAU,
     "toy_fidelity": {**_TAU, "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
+    "toy_fidelity_rank": {**_TAU, "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
     "toy_preference": {"sigma": (Annotated[float, Field(gt=0, le=1000)], None),
                        "clean_sigma": (Annotated[float, Field(gt=0, le=1000)], None),
                        "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
