@@ -128,13 +128,14 @@ def test_the_builtin_toy_fidelity_rank_ranks_toy_fidelity_within_each_group():
 
 
 def test_a_groupwise_metric_is_refused_with_one_sentence():
-    for name, options in (("toy_fidelity_rank", {}),):
+    for name, options in (("toy_fidelity_rank", {}), ("served", {"url": "http://127.0.0.1:9/s", "kind": "groupwise"})):
         with pytest.raises(RewardError, match=f"eval.metrics: '{name}' is a groupwise reward") as e:
             check_rewards({"toy_fidelity": 1.0}, {name: options}, [name])
         assert "\n" not in str(e.value)
         with pytest.raises(RewardError, match="evaluation draws one image per prompt"):
             make_metric(name, **options)
     check_rewards({"toy_fidelity_rank": 1.0}, {}, ["toy_fidelity"])  # as a training reward it is fine
+    check_rewards({"toy_fidelity": 1.0}, {"served": {"url": "http://127.0.0.1:9/s"}}, ["served"])  # pointwise
 
 
 def test_kinds_are_checked_where_they_are_declared():

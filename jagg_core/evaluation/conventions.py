@@ -32,6 +32,10 @@ def scorer_variant(name: str, options: Mapping[str, Any]) -> str:
         prefix = options.get("prefix", "")
         return (f"{options.get('model', CLIPSCORE_MODEL)}; {scale} of image and prompt"
                 f"{f' prefixed {prefix!r}' if prefix else ''} (not 2.5 x CLIP-S)")
+    if name == "served":
+        from ..rewards.served import shown_address
+
+        return f"the reward server at {shown_address(options.get('url', ''))}; its own scores, as it answers them"
     return f"the toy world's {name}; {scale}"
 
 

@@ -28,7 +28,7 @@ __all__ = [
 
 # The registries' names, known without importing them (tests check these equal the registries).
 KNOWN_BACKBONES = ("flux", "qwenimage", "sd3", "toy-flux", "wan")
-KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background",
+KNOWN_REWARDS = ("clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "served", "toy_background",
                  "toy_fidelity", "toy_fidelity_rank", "toy_objects", "toy_precision", "toy_preference")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
 # A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
@@ -148,6 +148,14 @@ _RGB = Annotated[float, Field(ge=0, le=255)]
 _SHARE = Annotated[float, Field(ge=0, le=1)]
 _TAU = {"tau": (_RGB, None), "tau_full": (_RGB, None)}
 _HF = {"device": (str, None), "dtype": (str, None), "batch_size": (Annotated[int, Field(ge=1, le=65536)], None)}
+# The served reward (rewards/served.py): where its server is, its secret, and how long and how often to ask it.
+_SERVED = {"url": (Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2048)], None),
+           "token": (Annotated[str, Field(max_length=4096)], None),
+           "timeout_s": (Annotated[float, Field(gt=0, le=3600)], None),
+           "batch_size": (Annotated[int, Field(ge=1, le=4096)], None),
+           "retries": (Annotated[int, Field(ge=0, le=20)], None),
+           "backoff_s": (Annotated[float, Field(ge=0, le=60)], None),
+           "kind": (Literal["pointwise", "groupwise"], None)}
 # What each reward's factory takes (reward.options.<name>; the factories' signatures, checked by the same test).
 REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
     "clipscore": {"model": (str, None), "processor": (Union[str, None], None), "prefix": (str, None), **_HF},
@@ -160,6 +168,7 @@ REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
     "toy_preference": {"sigma": (Annotated[float, Field(gt=0, le=1000)], None),
                        "clean_sigma": (Annotated[float, Field(gt=0, le=1000)], None),
                        "w_background": (_SHARE, None), "w_precision": (_SHARE, None)},
+    "served": _SERVED,
 }
 _MODEL_OPTION_MODELS = {k: _options_model(f"model.options ({k})", v) for k, v in MODEL_OPTIONS.items()}
 _REWARD_OPTION_MODELS = {k: _options_model(f"reward.options.{k}", v) for k, v in REWARD_OPTIONS.items()}
