@@ -211,6 +211,23 @@ def test_the_token_and_url_credentials_are_redacted_from_the_params_mlflow_gets(
     assert shown_address(url) == "http://127.0.0.1:9/score"
 
 
+def test_how_the_server_is_reached_is_not_part_of_a_runs_fingerprint(tmp_path):
+    """A rotated token, a longer timeout or other retries resume a run; another server or kind starts it over."""
+    from jagg_core.setup.paths import Layout
+    from jagg_core.trainer.fingerprint import run_fingerprint
+
+    def key(**served):
+        params = load_params(REPO / "params.yaml", "ci", {"reward.weights": {"served": 1.0},
+                                                          "reward.options.served": served})
+        return run_fingerprint(params, Layout.of(params, tmp_path), "jagg", 0)
+
+    base = key(url="http://127.0.0.1:9/score", token="a-token")
+    assert key(url="http://127.0.0.1:9/score", token="another", timeout_s=5, retries=9, batch_size=2,
+               backoff_s=2) == base
+    assert key(url="http://127.0.0.1:8/score", token="a-token") != base
+    assert key(url="http://127.0.0.1:9/score", token="a-token", kind="groupwise") != base
+
+
 @pytest.mark.parametrize("options, says", [
     ({"url": "ftp://host/score"}, "reward.options.served.url"),
     ({"url": "http://h/s", "timeout_s": 0}, "reward.options.served.timeout_s"),
@@ -258,6 +275,12 @@ def script_server(*args: str):
         proc.wait(timeout=30)
 
 
+def _requests_served(url: str) -> int:
+    import httpx
+
+    return httpx.get(url.replace("/score", "/stats"), trust_env=False, timeout=10).json()["requests"]
+
+
 def _train(root: Path, url: str, *extra: str):
     return run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
                       "--set", "reward.weights={served: 1.0}", "--set", f"reward.options.served.url={url}",
@@ -281,16 +304,19 @@ def _final_weights(root: Path) -> dict:
 def test_cli_training_with_a_served_reward_survives_a_dropped_connection_bit_for_bit(ci_base, tmp_path):
     import shutil
 
-    runs = {}
+    runs, requests = {}, {}
     for case, args in (("undisturbed", ()), ("dropped", ("--drop-request", "2"))):
         root = tmp_path / case
         shutil.copytree(ci_base, root)
         with script_server("--token", TOKEN, *args) as url:
             out = _train(root, url)
+            requests[case] = _requests_served(url)
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-3000:]
         assert TOKEN not in text
         runs[case] = root
+    # 8 images per iteration in batches of 3: 3 requests each; the dropped one was sent again
+    assert requests == {"undisturbed": 6, "dropped": 7}
     curves = {case: _curve(root) for case, root in runs.items()}
     assert len(curves["undisturbed"]) == 2 and "reward/served/mean" in curves["undisturbed"][0]
     assert curves["dropped"] == curves["undisturbed"]

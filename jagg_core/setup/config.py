@@ -156,6 +156,9 @@ _SERVED = {"url": (Annotated[str, Field(pattern=r"^https?://\S+$", max_length=20
            "retries": (Annotated[int, Field(ge=0, le=20)], None),
            "backoff_s": (Annotated[float, Field(ge=0, le=60)], None),
            "kind": (Literal["pointwise", "groupwise"], None)}
+# Those that say how the server is reached, not what it scores: a run's fingerprint leaves them out (a rotated token
+# or a longer timeout resumes the run; trainer/fingerprint.py).
+SERVED_TRANSPORT_OPTIONS = ("token", "timeout_s", "batch_size", "retries", "backoff_s")
 # What each reward's factory takes (reward.options.<name>; the factories' signatures, checked by the same test).
 REWARD_OPTIONS: dict[str, dict[str, tuple[Any, Any]]] = {
     "clipscore": {"model": (str, None), "processor": (Union[str, None], None), "prefix": (str, None), **_HF},
