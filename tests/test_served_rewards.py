@@ -243,9 +243,27 @@ def test_bad_options_are_one_sentence_before_anything_runs(options, says):
         load_params(REPO / "params.yaml", "ci", {"reward.weights": {"served": 1.0}, "reward.options.served": options})
 
 
-def test_a_missing_url_is_one_sentence():
+def test_a_missing_url_a_bad_url_or_a_bad_token_is_one_sentence():
     with pytest.raises(ServedRewardError, match="reward.options.served.url is needed"):
         make_reward("served")
+    for url in ("http://[::1/score", "http://host:port/score", "http:///score"):
+        with pytest.raises(ServedRewardError, match="must be an http:// or https:// address"):
+            make_reward("served", url=url)
+    with pytest.raises(ServedRewardError, match="token must be printable ASCII") as e:
+        make_reward("served", url="http://127.0.0.1:9/s", token="Bearer t\u00f6ken-secret")
+    assert "secret" not in str(e.value)
+
+
+def test_an_answer_too_large_or_with_a_score_beyond_floats_is_one_sentence(monkeypatch):
+    import jagg_core.rewards.served as served
+
+    monkeypatch.setattr(served, "MAX_ANSWER", 1000)
+    with garbage_server(b'{"scores": [' + b"1," * 2000 + b"1]}") as srv:
+        with pytest.raises(ServedRewardError, match="answered more than 0 MiB"):
+            _score(f"http://127.0.0.1:{srv.server_address[1]}/score")
+    with garbage_server(b'{"scores": [1, 2, 3, 4, 5, 1' + b"0" * 400 + b']}') as srv:
+        with pytest.raises(ServedRewardError, match="not a finite number"):
+            _score(f"http://127.0.0.1:{srv.server_address[1]}/score")
 
 
 def test_a_groupwise_served_reward_gets_one_request_per_prompt_group():

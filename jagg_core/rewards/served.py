@@ -41,7 +41,7 @@ import json
 import math
 import random
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
@@ -55,6 +55,12 @@ PROTOCOL = "jagg-reward/1"
 _RETRIED_STATUS = (502, 503, 504)  # a proxy or a restarting judge: the request reached no working scorer
 _MAX_BACKOFF_S = 30.0
 _SHOWN_ERROR = 200  # characters of a server's own error text quoted in a sentence
+MAX_ANSWER = 64 * 2**20  # bytes of an answer read at most: scores of any batch fit many times over
+
+
+class _Answer(NamedTuple):
+    status: int
+    body: bytes
 
 
 class ServedRewardError(RewardError):
@@ -63,10 +69,17 @@ class ServedRewardError(RewardError):
 
 def shown_address(url: str) -> str:
     """``url`` as a sentence may show it: scheme, host, port and path, without credentials or a query."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return "(an address that cannot be read)"
     host = parts.hostname or ""
     host = f"[{host}]" if ":" in host else host
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: shown as typed, after the host
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+    netloc = f"{host}:{port}" if port else host
     return redact(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
 
 
@@ -102,7 +115,7 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     if not url:
         raise ServedRewardError("reward.options.served.url is needed: the address of the reward server, e.g. "
                                 "http://judge-box:8000/score (docs/rewards_served.md).")
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+    if not _http_address(url):
         raise ServedRewardError(f"reward.options.served.url must be an http:// or https:// address, got "
                                 f"{shown_address(url)!r}.")
     if kind not in REWARD_KINDS:
@@ -110,6 +123,9 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     if not (timeout_s > 0 and batch_size >= 1 and retries >= 0 and backoff_s >= 0):
         raise ServedRewardError("reward.options.served needs timeout_s > 0, batch_size >= 1, retries >= 0 and "
                                 "backoff_s >= 0.")
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ServedRewardError("reward.options.served.token must be printable ASCII without spaces (it is sent as "
+                                "an HTTP header).")
     if token:
         remember({"token": token})  # redacted wherever this process quotes it later (a log line, a library's error)
     client = _Client(url, token, timeout_s, retries, backoff_s)
@@ -149,7 +165,7 @@ class _Client:
         attempts = self.retries + 1
         for attempt in range(attempts):
             failure = self._post(content)
-            if not isinstance(failure, tuple):
+            if isinstance(failure, _Answer):
                 return self._scores(failure, len(body["images"]))
             if attempt + 1 < attempts:
                 wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S)
@@ -158,11 +174,12 @@ class _Client:
         tried = f"{attempts} attempt{'s' if attempts > 1 else ''}{f': {reason}' if reason else ''}"
         raise ServedRewardError(f"the reward server at {self.where} {what} ({tried}); {hint}.")
 
-    def _post(self, content: bytes):  # noqa: ANN202  (the response, or (what failed, why, what to do) to retry)
+    def _post(self, content: bytes):  # noqa: ANN202  (the answer, or (what failed, why, what to do) to retry)
         import httpx
 
         try:
-            response = self.http.post(self.url, content=content)
+            with self.http.stream("POST", self.url, content=content) as response:
+                answer = _Answer(response.status_code, _bounded_body(response, self.where))
         except httpx.TimeoutException:
             return (f"did not answer within {self.timeout_s:g} s", "",
                     "if the judge is slow, raise reward.options.served.timeout_s")
@@ -173,35 +190,43 @@ class _Client:
             return "dropped the connection", _reason(e), "check the server's log"
         except httpx.HTTPError as e:  # a request this client cannot make at all (a bad address): not retried
             raise ServedRewardError(f"the reward server at {self.where} cannot be asked: {_reason(e)}.") from None
-        if response.status_code in _RETRIED_STATUS:
-            return f"answered HTTP {response.status_code}{_said(response)}", "", "check the server's log"
-        return response
+        if answer.status in _RETRIED_STATUS:
+            return f"answered HTTP {answer.status}{_said(answer.body)}", "", "check the server's log"
+        return answer
 
-    def _scores(self, response, n: int) -> list[float]:  # noqa: ANN001
-        status = response.status_code
+    def _scores(self, answer: _Answer, n: int) -> list[float]:
+        status = answer.status
         if 400 <= status < 500:
             hint = " (check reward.options.served.token)" if status in (401, 403) else ""
             raise ServedRewardError(f"the reward server at {self.where} refused the request with HTTP {status}"
-                                    f"{_said(response)}{hint}; a refused request is not retried.")
+                                    f"{_said(answer.body)}{hint}; a refused request is not retried.")
         if status != 200:
-            raise ServedRewardError(f"the reward server at {self.where} answered HTTP {status}{_said(response)} "
+            raise ServedRewardError(f"the reward server at {self.where} answered HTTP {status}{_said(answer.body)} "
                                     f"instead of scores.")
         try:
-            answer = json.loads(response.content)
+            parsed = json.loads(answer.body)
         except (ValueError, UnicodeDecodeError):
             raise ServedRewardError(f"the reward server at {self.where} answered something that is not JSON "
-                                    f"({_start(response.text)!r}); it must answer {{\"scores\": [...]}} "
-                                    f"(docs/rewards_served.md).") from None
-        scores = answer.get("scores") if isinstance(answer, dict) else None
+                                    f"({_start(answer.body.decode('utf-8', 'replace'))!r}); it must answer "
+                                    f"{{\"scores\": [...]}} (docs/rewards_served.md).") from None
+        scores = parsed.get("scores") if isinstance(parsed, dict) else None
         if not isinstance(scores, list) or len(scores) != n:
             got = f"{len(scores)} scores" if isinstance(scores, list) else "no list under \"scores\""
             raise ServedRewardError(f"the reward server at {self.where} answered {got} for {n} images; it must "
                                     f"answer {{\"scores\": [...]}} with one number per image (docs/rewards_served.md).")
-        bad = [s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s)]
+        bad = [s for s in scores if not _finite(s)]
         if bad:
             raise ServedRewardError(f"the reward server at {self.where} answered a score that is not a finite "
                                     f"number ({_start(json.dumps(bad[0]))}); every score must be one.")
         return [float(s) for s in scores]
+
+
+def _http_address(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:
+        return False
 
 
 def _reason(e: BaseException) -> str:
@@ -215,10 +240,31 @@ def _start(text: str) -> str:
     return redact(text[:60] + ("…" if len(text) > 60 else ""))
 
 
-def _said(response) -> str:  # noqa: ANN001
-    """`` ("<the server's error>")`` when its body is ``{"error": "..."}``, else nothing."""
+def _said(body: bytes) -> str:
+    """`` ("<the server's error>")`` when ``body`` is ``{"error": "..."}``, else nothing."""
     try:
-        error = json.loads(response.content).get("error")
+        error = json.loads(body).get("error")
     except (ValueError, UnicodeDecodeError, AttributeError):
         return ""
     return f" ({redact(' '.join(str(error).split())[:_SHOWN_ERROR])})" if error else ""
+
+
+def _finite(score: Any) -> bool:
+    """A JSON number that is a finite float (not a bool, not NaN or ±Infinity, not an integer beyond floats)."""
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(score))
+    except OverflowError:
+        return False
+
+
+def _bounded_body(response, where: str) -> bytes:  # noqa: ANN001  (an httpx streamed response)
+    """The answer's body, at most :data:`MAX_ANSWER` bytes (a runaway server is one sentence, not the memory)."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > MAX_ANSWER:
+            raise ServedRewardError(f"the reward server at {where} answered more than {MAX_ANSWER // 2**20} MiB; "
+                                    f"an answer is a list of scores.")
+    return bytes(body)
