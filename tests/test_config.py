@@ -66,8 +66,8 @@ def test_the_built_in_plugins_are_registered_through_the_entry_points():
     from jagg_core.rewards import available_rewards
 
     assert available_backbones() == ["flux", "qwenimage", "sd3", "toy-flux", "wan"]
-    assert available_rewards() == ["clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "toy_background",
-                                   "toy_fidelity", "toy_objects", "toy_precision", "toy_preference"]
+    assert available_rewards() == ["clipscore", "hpsv2.1", "jpeg_compressibility", "pickscore", "served", "toy_background",
+                                   "toy_fidelity", "toy_fidelity_rank", "toy_objects", "toy_precision", "toy_preference"]
 
 
 def test_overlays_merge_deeply_and_overrides_win(tmp_path):

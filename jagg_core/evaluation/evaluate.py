@@ -160,7 +160,7 @@ def evaluate_step(
 
     With ``options.part`` of several processes (a collective: every rank calls it), each generates and scores its
     blocks."""
-    from ..rewards import loaded_rewards, make_reward, rewards_off_device
+    from ..rewards import loaded_rewards, make_metric, rewards_off_device
 
     from ..sampling import sample_images
 
@@ -209,7 +209,7 @@ def evaluate_step(
                         save_clip(images_dir, s, i, img, frames, _save_jpeg)
     part.barrier()  # every image is there
 
-    metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
+    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
     score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
     if part.world == 1:
         scores = score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
@@ -237,7 +237,7 @@ def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
     """
     import numpy as np
 
-    from ..rewards import make_reward
+    from ..rewards import make_metric
     from ..world import render, scene_for_prompt
 
     if not params.is_toy:
@@ -252,7 +252,7 @@ def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
             rng = np.random.default_rng(derive_seed(ev.seed, styles.index(s), i))
             pixels = render(scene_for_prompt(prompt, rng), params.world.image_size)  # (H, W, 3) uint8
             _save_jpeg(image_path(images_dir, s, i), torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0)
-    metrics = {name: make_reward(name, **params.reward.options.get(name, {})) for name in ev.metrics}
+    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
     scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size)
     result = {"run": "ground-truth", "step": 0, "metrics": _summary(params, scores)}
     atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")

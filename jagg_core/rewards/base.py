@@ -7,6 +7,15 @@ its options), and the returned function is called on batches.
 - ``prompts``: B strings. ``metadata``: B dicts (the world's parsed scene for the toy rewards; may be empty).
 - returns ``rewards``: (B,) float32 CPU tensor, and ``info``: a dict of extra per-image (B,) tensors or scalars.
 
+A reward is of one of two kinds (:data:`REWARD_KINDS`), declared where it is registered
+(``@register_reward(name, kind=...)``) and set on every built function as ``fn.kind``:
+
+- ``pointwise`` (the default): a score per image; the trainer calls it on whole batches, any images together.
+- ``groupwise``: a score that depends on the other images of the same prompt (a pairwise-preference ranking turned
+  into per-image scores, as Flow-Factory's ``PickScore_Rank``); the trainer calls it once per prompt group, with
+  exactly the G images of that prompt (:mod:`.groupwise`). Evaluation draws one image per prompt, so a groupwise
+  reward is refused as an evaluation metric (:func:`check_rewards`).
+
 A reward built on a neural network exposes it as ``fn.modules`` (a tuple of ``torch.nn.Module``): then
 :func:`rewards_off_device` can move it to the CPU while the policy needs the GPU (evaluation's generation) and back.
 """
@@ -14,6 +23,7 @@ A reward built on a neural network exposes it as ``fn.modules`` (a tuple of ``to
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import torch
@@ -22,13 +32,17 @@ from ..errors import UserError
 from ..setup.registry import PluginError, RewardSpec, add, reward_names, reward_spec
 
 __all__ = [
+    "REWARD_KINDS",
     "RewardFn",
     "RewardError",
     "available_rewards",
     "check_reward_options",
+    "check_metric",
     "check_rewards",
+    "make_metric",
     "make_reward",
     "register_reward",
+    "reward_kind",
     "rewards_off_device",
     "loaded_rewards",
 ]
@@ -44,15 +58,35 @@ class RewardError(UserError, ValueError):
     """A reward that cannot be built: unknown name, bad option, missing weights. The message is for the user."""
 
 
+REWARD_KINDS = ("pointwise", "groupwise")
+
+
 def register_reward(name: str, **facts: Any) -> Callable[[Callable[..., RewardFn]], Callable[..., RewardFn]]:
     """Decorator: register a factory ``(**options) -> RewardFn`` under ``name`` with its spec's ``facts``
-    (:class:`jagg_core.setup.registry.RewardSpec`: ``options`` at least, the schema of what the factory takes)."""
+    (:class:`jagg_core.setup.registry.RewardSpec`: ``options`` at least, the schema of what the factory takes; ``kind``
+    a name of :data:`REWARD_KINDS`, or a function of the options that returns one, for a reward whose kind is an
+    option, as the served reward's)."""
+    kind = facts.get("kind", "pointwise")
+    if not callable(kind) and kind not in REWARD_KINDS:
+        raise ValueError(f"reward {name!r}: kind must be one of {', '.join(REWARD_KINDS)}, got {kind!r}.")
 
     def deco(factory: Callable[..., RewardFn]) -> Callable[..., RewardFn]:
+        if "options" not in facts:  # no schema declared: the factory's keyword parameters, of any type
+            params = inspect.signature(factory).parameters.values()
+            facts["options"] = {p.name: (Any, None) for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
         add("reward", RewardSpec(name=name, factory=factory, **facts))
         return factory
 
     return deco
+
+
+def reward_kind(name: str, options: Mapping[str, Any] | None = None) -> str:
+    """The kind of the registered reward ``name`` with ``options``: ``pointwise`` or ``groupwise``."""
+    kind = _spec(name).kind
+    kind = kind(dict(options or {})) if callable(kind) else kind
+    if kind not in REWARD_KINDS:
+        raise RewardError(f"reward {name!r}: kind must be one of {', '.join(REWARD_KINDS)}, got {kind!r}.")
+    return kind
 
 
 def available_rewards() -> list[str]:
@@ -75,8 +109,23 @@ _BUILT: dict[tuple[str, tuple], RewardFn] = {}  # (name, frozen options) -> the 
 
 def _cached(name: str, frozen: tuple) -> RewardFn:
     if (name, frozen) not in _BUILT:
-        _BUILT[name, frozen] = _spec(name).factory(**dict(frozen))
+        fn = _spec(name).factory(**dict(frozen))
+        kind = reward_kind(name, dict(frozen))
+        try:
+            fn.kind = kind  # what the weighted reward reads to call it per batch or per prompt group
+        except AttributeError:  # a callable without attributes (a bound method): wrapped in one that has them
+            fn = _with_kind(fn, kind)
+        _BUILT[name, frozen] = fn
     return _BUILT[name, frozen]
+
+
+def _with_kind(fn: RewardFn, kind: str) -> RewardFn:
+    def wrapped(images, prompts, metadata):
+        return fn(images, prompts, metadata)
+
+    wrapped.kind = kind
+    wrapped.modules = getattr(fn, "modules", ())
+    return wrapped
 
 
 def loaded_rewards() -> list[RewardFn]:
@@ -115,10 +164,28 @@ def check_reward_options(name: str, options: Mapping[str, Any]) -> None:
 
 def check_rewards(weights: Mapping[str, float], options: Mapping[str, Mapping[str, Any]],
                   metrics: Sequence[str] = ()) -> None:
-    """Every reward and evaluation metric named exists and takes the options given (one sentence otherwise), before
-    a stage loads any model or starts a process."""
+    """Every reward and evaluation metric named exists and takes the options given, and no metric is groupwise (one
+    sentence otherwise), before a stage loads any model or starts a process."""
     for name in dict.fromkeys([*weights, *options, *metrics]):
         check_reward_options(name, options.get(name, {}))
+    for name in metrics:
+        check_metric(name, options.get(name, {}))
+
+
+def check_metric(name: str, options: Mapping[str, Any]) -> None:
+    """One sentence for a groupwise reward named as an evaluation metric: evaluation draws one image per prompt, so
+    the reward would have no group to compare an image with (a ranking of one image says nothing)."""
+    if reward_kind(name, options) == "groupwise":
+        raise RewardError(f"eval.metrics: {name!r} is a groupwise reward (it scores an image against the other images "
+                          f"of its prompt) and evaluation draws one image per prompt, so it cannot be a metric; "
+                          f"evaluate with a pointwise reward instead.")
+
+
+def make_metric(name: str, **options: Any) -> RewardFn:
+    """The evaluation metric ``name``: :func:`make_reward`, refusing a groupwise reward (:func:`check_metric`)."""
+    check_reward_options(name, options)
+    check_metric(name, options)
+    return make_reward(name, **options)
 
 
 def make_reward(name: str, **options: Any) -> RewardFn:

@@ -10,6 +10,10 @@ Pref-GRPO's ``clip`` reward scores a video by CLIP on its frames. ``frames`` is 
   Pref-GRPO hands its video reward model);
 - a list of frame indices (negative ones count from the end).
 
+A groupwise reward (:mod:`.groupwise`) sees, for each chosen frame, that frame of every clip of the group together,
+and a clip's score is the mean over the frames: it ranks clips frame by frame, never one clip's frame against another
+frame of the same clip.
+
 Video-native rewards (a VLM judging motion and temporal coherence, Pref-GRPO's UnifiedReward-Think) are out of scope:
 a mean of per-frame scores does not see motion.
 """
@@ -61,11 +65,15 @@ def _per_clip(value: Any, b: int, n: int) -> Any:
 def on_frames(fn: RewardFn, frames: str | int | Sequence[int] = "all") -> RewardFn:
     """``fn`` that also takes clips ``(B, F, 3, H, W)``: the mean of its scores on the frames ``frames`` chooses."""
 
+    kind = getattr(fn, "kind", "pointwise")
+
     def clip_fn(images, prompts, metadata):
         if images.ndim != 5:
             return fn(images, prompts, metadata)
         b, f = images.shape[:2]
         idx = frame_indices(f, frames)
+        if kind == "groupwise":
+            return _frame_by_frame(fn, images, prompts, metadata, idx)
         n = len(idx)
         flat = images[:, idx].flatten(0, 1)  # (B·n, 3, H, W), clip-major
         rewards, info = fn(flat, [p for p in prompts for _ in range(n)], [m for m in metadata for _ in range(n)])
@@ -73,4 +81,15 @@ def on_frames(fn: RewardFn, frames: str | int | Sequence[int] = "all") -> Reward
         return rewards, {k: _per_clip(v, b, n) for k, v in info.items()}
 
     clip_fn.modules = getattr(fn, "modules", ())  # rewards_off_device still finds the networks
+    clip_fn.kind = kind
     return clip_fn
+
+
+def _frame_by_frame(fn: RewardFn, clips: torch.Tensor, prompts, metadata, idx: list[int]):
+    """A groupwise ``fn`` on each chosen frame of every clip together, averaged over the frames per clip."""
+    parts = [fn(clips[:, k], prompts, metadata) for k in idx]
+    rewards = torch.stack([r.detach().float().cpu().reshape(-1) for r, _ in parts]).mean(0)
+    info = {key: torch.stack([extra[key].detach().float().cpu() for _, extra in parts]).mean(0)
+            for key, value in parts[0][1].items()
+            if isinstance(value, torch.Tensor) and value.ndim == 1 and value.shape[0] == clips.shape[0]}
+    return rewards, info

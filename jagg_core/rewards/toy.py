@@ -1,5 +1,5 @@
-"""Toy rewards of the embedded default: prompt fidelity computed exactly from the world's definition, and JPEG
-compressibility as in DDPO.
+"""Toy rewards of the embedded default: prompt fidelity computed exactly from the world's definition, its groupwise
+ranking (``toy_fidelity_rank``), and JPEG compressibility as in DDPO.
 
 ``toy_fidelity`` reads only the prompt text (evaluation has nothing else). For each image:
 
@@ -33,9 +33,10 @@ from ..setup.options import TAU_OPTIONS, Share
 from ..world import BACKGROUNDS, COLORS, SHAPES, SIZES, cell_assignments, cell_boxes, parse_prompt, templates
 from ..world.render import MIN_IMAGE_SIZE
 from .base import RewardError, RewardFn, register_reward
+from .groupwise import pairwise_wins
 
 __all__ = ["TAU", "TAU_FULL", "fidelity_components", "jpeg_compressibility", "toy_background", "toy_fidelity",
-           "toy_objects", "toy_precision"]
+           "toy_fidelity_rank", "toy_objects", "toy_precision"]
 
 TAU = 120.0  # default distance, in RGB units (0–255), at which a pixel stops counting as a colour
 TAU_FULL = 50.0  # default distance within which it counts fully
@@ -196,6 +197,28 @@ def _component_reward(component: str, doc: str):
 toy_objects = _component_reward("objects", "The mean soft IoU of the prompt's objects at their best placement, in [0, 1].")
 toy_background = _component_reward("background", "The match of the background outside the placed objects, in [0, 1].")
 toy_precision = _component_reward("precision", "The share of the paint that lies inside the placed objects, in [0, 1].")
+
+
+_FIDELITY_OPTIONS = {**TAU_OPTIONS, "w_background": (Share, None), "w_precision": (Share, None)}
+
+
+@register_reward("toy_fidelity_rank", kind="groupwise", options=_FIDELITY_OPTIONS,
+                 describe=toy_world_reward("toy_fidelity_rank"))
+def toy_fidelity_rank(
+    tau: float = TAU, tau_full: float = TAU_FULL, w_background: float = 0.3, w_precision: float = 0.3
+) -> RewardFn:
+    """A groupwise reward: the share of its prompt's other images whose ``toy_fidelity`` an image beats (a tie counts
+    half), in [0, 1]; a pairwise-preference ranking within the group, as Flow-Factory's ``PickScore_Rank`` ranks by
+    PickScore. Its options are ``toy_fidelity``'s; ``info['fidelity']`` holds the raw scores it ranks."""
+    fidelity = toy_fidelity(tau=tau, tau_full=tau_full, w_background=w_background, w_precision=w_precision)
+
+    def fn(
+        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        raw, _ = fidelity(images, prompts, metadata)
+        return pairwise_wins(raw), {"fidelity": raw}
+
+    return fn
 
 
 @register_reward("jpeg_compressibility", options={"quality": (Annotated[int, Field(ge=1, le=100)], None)},

@@ -32,7 +32,7 @@ from ..errors import UserError
 from .options import OptionSchema, option_reader, read_options
 
 __all__ = ["ENTRY_POINT_GROUP", "BackboneSpec", "CostFacts", "PluginError", "RewardSpec", "add", "backbone_names",
-           "backbone_spec", "load_plugins", "reward_names", "reward_spec"]
+           "backbone_spec", "load_plugins", "remove", "reward_names", "reward_spec"]
 
 ENTRY_POINT_GROUP = "jagg.plugins"
 
@@ -87,10 +87,14 @@ class RewardSpec:
 
     name: str
     factory: Callable[..., Any]
-    options: OptionSchema  # reward.options.<name>: {option: (type, default)}
-    kind: Literal["pointwise", "groupwise"] = "pointwise"  # groupwise: scores a prompt's whole group at once
+    options: OptionSchema = field(default_factory=dict)  # reward.options.<name>: {option: (type, default)}
+    # groupwise: sees a prompt's whole group at once (or a function of the options that says which)
+    kind: str | Callable[[Mapping[str, Any]], str] = "pointwise"
     table: tuple[str, float, str] | None = None  # the table value: (score key, scale, label); None: the reward's value
     describe: Callable[[Mapping[str, Any]], str] | None = None  # what it scores with (model, weights), one line
+    # options that say how it is reached, not what it scores (a served reward's token, timeout): a run's fingerprint
+    # leaves them out, so a rotated token resumes the run
+    transport: tuple[str, ...] = ()
     origin: str = ""
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,6 +131,11 @@ def add(kind: Literal["backbone", "reward"], spec: BackboneSpec | RewardSpec) ->
         raise PluginError(f"{kind} {spec.name!r} of {origin} clashes with the {kind} of that name from "
                           f"{taken.origin}; give it another name.")
     _SPECS[kind][spec.name] = spec
+
+
+def remove(kind: Literal["backbone", "reward"], name: str) -> None:
+    """Unregister ``name`` (a test's temporary plugin); nothing if it is not registered."""
+    _SPECS[kind].pop(name, None)
 
 
 def _import(label: str, load: Callable[[], Any]) -> None:

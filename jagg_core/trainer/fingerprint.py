@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..setup.config import Params
+from ..setup.registry import reward_spec
 from ..setup.paths import Layout
 from ..setup.storage import base_model_digest
 
@@ -35,11 +36,23 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
         "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
         "method": params.method(method).model_dump(mode="json"),
         # reward.frames at its default ("all") is left out: fingerprints from before the field existed still match.
-        "reward": {k: v for k, v in params.reward.model_dump(mode="json").items() if (k, v) != ("frames", "all")},
+        "reward": _reward(params),
         "prompts": _digest(layout.train_prompts),
         "seed": seed,
     }
     return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _reward(params: Params) -> dict:
+    """The reward section as it decides the scores: reward.frames at its default ("all") is left out (fingerprints
+    from before the field existed still match), and so is how the served reward reaches its server (its token,
+    timeout, batching, retries: its spec's ``transport``): a rotated token or a longer timeout resumes the run."""
+    tree = {k: v for k, v in params.reward.model_dump(mode="json").items() if (k, v) != ("frames", "all")}
+    for name, options in tree.get("options", {}).items():
+        transport = reward_spec(name).transport
+        if transport:
+            tree["options"][name] = {k: v for k, v in options.items() if k not in transport}
+    return tree
 
 
 def _digest(path: Path) -> str | None:

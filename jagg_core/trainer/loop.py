@@ -165,7 +165,8 @@ def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, flo
     acc, tcfg = r.accelerator, r.params.train
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
-    rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b])
+    # A groupwise reward is called once per prompt group (group_ids); a pointwise one once on the whole batch.
+    rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b], groups=traj.group_ids)
     rewards, info = TRAINER_FAULTS.rewards(rewards, info, r.params.reward.weights, step)
     metrics["time/reward"] = time.perf_counter() - t0
     all_rewards = acc.gather(rewards.to(acc.device)).cpu()

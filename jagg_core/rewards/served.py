@@ -1,0 +1,284 @@
+"""The ``served`` reward: scores computed by another process over HTTP (a judge model on its own GPU box).
+
+The protocol (``jagg-reward/1``; docs/rewards_served.md, ``examples/plugins/served_reward_server.py`` is a reference
+server):
+
+Request: ``POST <url>`` with ``Content-Type: application/json``, ``Authorization: Bearer <token>`` when a token is
+set, and the body::
+
+    {"protocol": "jagg-reward/1",
+     "kind": "pointwise" | "groupwise",
+     "images": ["<base64 PNG>", ...],      # RGB, 8 bits per channel, the images as the policy made them
+     "prompts": ["<prompt>", ...],         # one per image
+     "metadata": [{...}, ...]}             # one JSON object per image (may be empty)
+
+A pointwise request holds up to ``batch_size`` images, any prompts; a groupwise request holds exactly the images of one
+prompt's group, whatever ``batch_size`` says (the server ranks them against each other).
+
+Response: status 200 and a JSON object ``{"scores": [s_0, s_1, ...]}`` with one finite number per image of the
+request, in its order (other keys are ignored). A refusal is any 4xx status, with ``{"error": "<sentence>"}`` as body
+if the server wants it shown.
+
+What the client does with an answer:
+
+- a dropped or reset connection, a connect failure or no answer within ``timeout_s``, and HTTP 502, 503 or 504 (a proxy
+  or a judge that is restarting: the request never reached a working scorer) are retried, up to ``retries`` times
+  with exponential backoff from ``backoff_s`` (capped at 30 s): the same request again, so the scores are those of an
+  undisturbed call;
+- a 4xx is never retried (the same request would be refused again): one sentence with the server's ``error``;
+- any other 5xx, any other status, a body that is not JSON, a wrong number of scores or a score that is not a finite
+  number: one sentence, no retry (the server is broken, not unreachable).
+
+Every sentence names the server by its address with credentials and query removed; the token is never shown (it is
+remembered for redaction, :mod:`jagg_core.setup.redact`).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import math
+import random
+import time
+from typing import Annotated, Any, Literal, Mapping, NamedTuple, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import torch
+from pydantic import Field
+
+from ..setup.redact import redact, remember
+from .base import REWARD_KINDS, RewardError, RewardFn, register_reward
+
+__all__ = ["PROTOCOL", "ServedRewardError", "encode_png", "served", "shown_address"]
+
+PROTOCOL = "jagg-reward/1"
+_RETRIED_STATUS = (502, 503, 504)  # a proxy or a restarting judge: the request reached no working scorer
+_MAX_BACKOFF_S = 30.0
+_SHOWN_ERROR = 200  # characters of a server's own error text quoted in a sentence
+MAX_ANSWER = 64 * 2**20  # bytes of an answer read at most: scores of any batch fit many times over
+
+
+class _Answer(NamedTuple):
+    status: int
+    body: bytes
+
+
+class ServedRewardError(RewardError):
+    """The reward server cannot be used: down, refusing, or answering garbage. The message is one sentence."""
+
+
+def shown_address(url: str) -> str:
+    """``url`` as a sentence may show it: scheme, host, port and path, without credentials or a query."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return "(an address that cannot be read)"
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:  # a port that is not a number: shown as typed, after the host
+        port = parts.netloc.rpartition("@")[2].rpartition(":")[2]
+    netloc = f"{host}:{port}" if port else host
+    return redact(urlunsplit((parts.scheme, netloc, parts.path, "", "")))
+
+
+def encode_png(images: torch.Tensor) -> list[str]:
+    """(B, 3, H, W) in [0, 1] → B base64 PNGs (8-bit RGB, rounded as every saved image of the project)."""
+    from PIL import Image
+
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}.")
+    arrays = (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    out = []
+    for array in arrays:
+        buffer = io.BytesIO()
+        Image.fromarray(array).save(buffer, format="PNG")
+        out.append(base64.b64encode(buffer.getvalue()).decode("ascii"))
+    return out
+
+
+# reward.options.served: where its server is, its secret, and how long and how often to ask it
+OPTIONS = {"url": (Annotated[str, Field(pattern=r"^https?://\S+$", max_length=2048)], None),
+           "token": (Annotated[str, Field(max_length=4096)], None),
+           "timeout_s": (Annotated[float, Field(gt=0, le=3600)], None),
+           "batch_size": (Annotated[int, Field(ge=1, le=4096)], None),
+           "retries": (Annotated[int, Field(ge=0, le=20)], None),
+           "backoff_s": (Annotated[float, Field(ge=0, le=60)], None),
+           "kind": (Literal["pointwise", "groupwise"], None)}
+
+
+@register_reward("served", kind=lambda options: options.get("kind", "pointwise"), options=OPTIONS,
+                 transport=("token", "timeout_s", "batch_size", "retries", "backoff_s"),
+                 describe=lambda options: f"the reward server at {shown_address(options.get('url', ''))}; its own "
+                                          f"scores, as it answers them")
+def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: int = 16, retries: int = 3,
+           backoff_s: float = 0.5, kind: str = "pointwise") -> RewardFn:
+    """A reward computed by the server at ``url`` (the protocol: this module's docstring, docs/rewards_served.md).
+
+    Args:
+        url: the scoring endpoint, ``http://`` or ``https://`` (credentials in it are redacted wherever shown).
+        token: sent as ``Authorization: Bearer <token>``; a secret (redacted from params, logs and errors).
+        timeout_s: seconds to connect, to send and to wait for each read of the answer.
+        batch_size: images per request of a pointwise reward (a groupwise request is one whole group).
+        retries: times a request is sent again after a transport failure (and 502/503/504).
+        backoff_s: the first wait before a retry, doubled each time (at most 30 s).
+        kind: ``pointwise`` (a score per image) or ``groupwise`` (the server sees one prompt's group at once).
+    """
+    if not url:
+        raise ServedRewardError("reward.options.served.url is needed: the address of the reward server, e.g. "
+                                "http://judge-box:8000/score (docs/rewards_served.md).")
+    if not _http_address(url):
+        raise ServedRewardError(f"reward.options.served.url must be an http:// or https:// address, got "
+                                f"{shown_address(url)!r}.")
+    if kind not in REWARD_KINDS:
+        raise ServedRewardError(f"reward.options.served.kind must be one of {', '.join(REWARD_KINDS)}, got {kind!r}.")
+    if not (timeout_s > 0 and batch_size >= 1 and retries >= 0 and backoff_s >= 0):
+        raise ServedRewardError("reward.options.served needs timeout_s > 0, batch_size >= 1, retries >= 0 and "
+                                "backoff_s >= 0.")
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ServedRewardError("reward.options.served.token must be printable ASCII without spaces (it is sent as "
+                                "an HTTP header).")
+    if token:
+        remember({"token": token})  # redacted wherever this process quotes it later (a log line, a library's error)
+    client = _Client(url, token, timeout_s, retries, backoff_s)
+    step = batch_size if kind == "pointwise" else None
+
+    def fn(
+        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        n = len(prompts)
+        chunks = [(0, n)] if step is None else [(i, min(i + step, n)) for i in range(0, n, step)]
+        scores = [client.score({"protocol": PROTOCOL, "kind": kind, "images": encode_png(images[a:b]),
+                                "prompts": list(prompts[a:b]), "metadata": [dict(m) for m in metadata[a:b]]})
+                  for a, b in chunks]
+        return torch.tensor([s for part in scores for s in part], dtype=torch.float32), {}
+
+    return fn
+
+
+class _Client:
+    """One server's HTTP client: a request with bounded retries for transport failures, and the answer's checks."""
+
+    def __init__(self, url: str, token: str, timeout_s: float, retries: int, backoff_s: float) -> None:
+        import httpx
+
+        self.url, self.where = url, shown_address(url)
+        self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self.http = httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers, follow_redirects=False,
+                                 trust_env=False)  # no proxy from the environment between the trainer and its judge
+        self.jitter = random.Random()  # private: the training's own random streams stay untouched
+
+    def score(self, body: dict[str, Any]) -> list[float]:
+        """The scores the server gives the request ``body`` (one per image), or one sentence."""
+        content = json.dumps(body, default=str).encode()
+        attempts = self.retries + 1
+        for attempt in range(attempts):
+            failure = self._post(content)
+            if isinstance(failure, _Answer):
+                return self._scores(failure, len(body["images"]))
+            if attempt + 1 < attempts:
+                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S)
+                time.sleep(wait * (1 + 0.25 * self.jitter.random()))
+        what, reason, hint = failure
+        tried = f"{attempts} attempt{'s' if attempts > 1 else ''}{f': {reason}' if reason else ''}"
+        raise ServedRewardError(f"the reward server at {self.where} {what} ({tried}); {hint}.")
+
+    def _post(self, content: bytes):  # noqa: ANN202  (the answer, or (what failed, why, what to do) to retry)
+        import httpx
+
+        try:
+            with self.http.stream("POST", self.url, content=content) as response:
+                answer = _Answer(response.status_code, _bounded_body(response, self.where))
+        except httpx.TimeoutException:
+            return (f"did not answer within {self.timeout_s:g} s", "",
+                    "if the judge is slow, raise reward.options.served.timeout_s")
+        except httpx.ConnectError as e:
+            return ("cannot be reached", _reason(e), "check that it runs and that reward.options.served.url is its "
+                    "address")
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            return "dropped the connection", _reason(e), "check the server's log"
+        except httpx.HTTPError as e:  # a request this client cannot make at all (a bad address): not retried
+            raise ServedRewardError(f"the reward server at {self.where} cannot be asked: {_reason(e)}.") from None
+        if answer.status in _RETRIED_STATUS:
+            return f"answered HTTP {answer.status}{_said(answer.body)}", "", "check the server's log"
+        return answer
+
+    def _scores(self, answer: _Answer, n: int) -> list[float]:
+        status = answer.status
+        if 400 <= status < 500:
+            hint = " (check reward.options.served.token)" if status in (401, 403) else ""
+            raise ServedRewardError(f"the reward server at {self.where} refused the request with HTTP {status}"
+                                    f"{_said(answer.body)}{hint}; a refused request is not retried.")
+        if status != 200:
+            raise ServedRewardError(f"the reward server at {self.where} answered HTTP {status}{_said(answer.body)} "
+                                    f"instead of scores.")
+        try:
+            parsed = json.loads(answer.body)
+        except (ValueError, UnicodeDecodeError):
+            raise ServedRewardError(f"the reward server at {self.where} answered something that is not JSON "
+                                    f"({_start(answer.body.decode('utf-8', 'replace'))!r}); it must answer "
+                                    f"{{\"scores\": [...]}} (docs/rewards_served.md).") from None
+        scores = parsed.get("scores") if isinstance(parsed, dict) else None
+        if not isinstance(scores, list) or len(scores) != n:
+            got = f"{len(scores)} scores" if isinstance(scores, list) else "no list under \"scores\""
+            raise ServedRewardError(f"the reward server at {self.where} answered {got} for {n} images; it must "
+                                    f"answer {{\"scores\": [...]}} with one number per image (docs/rewards_served.md).")
+        bad = [s for s in scores if not _finite(s)]
+        if bad:
+            raise ServedRewardError(f"the reward server at {self.where} answered a score that is not a finite "
+                                    f"number ({_start(json.dumps(bad[0]))}); every score must be one.")
+        return [float(s) for s in scores]
+
+
+def _http_address(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:
+        return False
+
+
+def _reason(e: BaseException) -> str:
+    """An exception's text for a sentence: one line, short, redacted."""
+    text = " ".join(str(e).split()).rstrip(".") or type(e).__name__
+    return redact(text[:_SHOWN_ERROR])
+
+
+def _start(text: str) -> str:
+    text = " ".join(text.split())
+    return redact(text[:60] + ("…" if len(text) > 60 else ""))
+
+
+def _said(body: bytes) -> str:
+    """`` ("<the server's error>")`` when ``body`` is ``{"error": "..."}``, else nothing."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, UnicodeDecodeError, AttributeError):
+        return ""
+    return f" ({redact(' '.join(str(error).split())[:_SHOWN_ERROR])})" if error else ""
+
+
+def _finite(score: Any) -> bool:
+    """A JSON number that is a finite float (not a bool, not NaN or ±Infinity, not an integer beyond floats)."""
+    if isinstance(score, bool) or not isinstance(score, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(score))
+    except OverflowError:
+        return False
+
+
+def _bounded_body(response, where: str) -> bytes:  # noqa: ANN001  (an httpx streamed response)
+    """The answer's body, at most :data:`MAX_ANSWER` bytes (a runaway server is one sentence, not the memory)."""
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > MAX_ANSWER:
+            raise ServedRewardError(f"the reward server at {where} answered more than {MAX_ANSWER // 2**20} MiB; "
+                                    f"an answer is a list of scores.")
+    return bytes(body)
