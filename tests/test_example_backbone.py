@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from jagg_core.policies import PolicyError, available_backbones, load_policy
+from jagg_core.setup.registry import remove
 
 from conftest import REPO
 
@@ -29,14 +30,12 @@ MODULE = "jagg_example_tiny_sana"  # the name the file is imported under
 def plugin():
     """The plugin module, imported by path (which registers "tiny-sana") for this file's tests, then unregistered:
     other tests see the built-in backbones only (tests/test_config.py compares them with the configuration's list)."""
-    from jagg_core.policies import base
-
     spec = importlib.util.spec_from_file_location(MODULE, PLUGIN)
     module = importlib.util.module_from_spec(spec)
     sys.modules[MODULE] = module
     spec.loader.exec_module(module)
     yield module
-    base._BACKBONES.pop(module.NAME)
+    remove("backbone", module.NAME)
     del sys.modules[MODULE]
 
 

@@ -2,9 +2,10 @@
 
 jagg ships Flux, SD3, Qwen-Image, Wan and its toy; this one file adds a backbone of another kind, the way a user adds
 last month's model: it builds the model's parts, wraps them in a :class:`~jagg_core.policies.base.Policy` (prompts →
-embeddings, the network's velocity, latents → images) and registers a factory under a name. jagg's sampler and
-trainer then work on it unchanged. (The configuration, evaluation conventions, `jagg plan` and the LoRA export still
-read per-backbone tables; the facts below are laid out for the registry of specs that replaces them.)
+embeddings, the network's velocity, latents → images) and registers it under a name with its spec (typed options
+with defaults and bounds, cost facts for `jagg plan`, the diffusers pipeline an export writes for, a stand-in
+folder). jagg's configuration, sampler, trainer, evaluation, plan and export then work on it unchanged
+(docs/extending.md).
 
 What it is (all random, nothing downloaded, built from ``options["seed"]`` on the CPU in float32, so two builds on
 any machine give the same weights):
@@ -21,13 +22,8 @@ mask, classifier-free guidance with the unconditional half first, timesteps ``σ
 the VAE decoding ``latents / scaling_factor``); ``tests/test_example_backbone.py`` checks the policy against
 ``SanaPipeline`` itself. Sana's "complex human instruction" prompt prefix is left out (it is hundreds of tokens).
 
-Use it (today, in Python; ``path=None`` builds from the seed, a folder written by :func:`save_tiny_sana` loads)::
-
-    import runpy; runpy.run_path("examples/plugins/tiny_sana.py")     # registers "tiny-sana"
-    from jagg_core.policies import load_policy
-    policy = load_policy("tiny-sana", None, options={"height": 32, "guidance_scale": 1.0})
-
-and, once params.yaml names plugins::
+Use it: name the file in params.yaml (``model.path`` unset builds from the seed; a folder written by
+:func:`save_tiny_sana` loads)::
 
     plugins: [examples/plugins/tiny_sana.py]
     model: {backbone: tiny-sana, options: {height: 32, width: 32, guidance_scale: 4.5}}
@@ -36,13 +32,16 @@ and, once params.yaml names plugins::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Annotated, Any, Mapping, NamedTuple, Sequence
 
 import torch
+from pydantic import Field
 
 from jagg_core.policies.base import Policy, PolicyError, PromptEmbeds, register_backbone
 from jagg_core.policies.diffusers_common import prepare_transformer, to_unit_images
 from jagg_core.schedules import Schedule, flow_match_schedule
+from jagg_core.setup.options import LORA
+from jagg_core.setup.registry import CostFacts
 
 # --- The backbone's facts ----------------------------------------------------------------------------------------
 # Plain data, kept together so that a spec declaration (name, options, components, cost and export facts) can take
@@ -167,15 +166,24 @@ def save_tiny_sana(folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
-def load_parts(folder: str | Path) -> dict[str, Any]:
-    """The parts of a folder written by :func:`save_tiny_sana`; a wrong folder is one sentence."""
-    from diffusers import SanaPipeline
-
+def check_folder(folder: str | Path | None) -> Path | None:
+    """A folder written by :func:`save_tiny_sana`, checked without loading it (None: the model is built from its seed);
+    a wrong folder is one sentence. The spec's ``check_files``: a launcher runs it before starting any worker."""
+    if folder is None:
+        return None
     folder = Path(folder)
     missing = [name for name in ("model_index.json", *COMPONENTS) if not (folder / name).exists()]
     if missing:
         raise PolicyError(f"model.path {str(folder)!r} is not a {NAME} folder ({missing[0]} is missing); write one "
                           f"with save_tiny_sana() from examples/plugins/tiny_sana.py, or leave model.path unset.")
+    return folder
+
+
+def load_parts(folder: str | Path) -> dict[str, Any]:
+    """The parts of a folder written by :func:`save_tiny_sana`; a wrong folder is one sentence."""
+    from diffusers import SanaPipeline
+
+    folder = check_folder(folder)
     pipe = SanaPipeline.from_pretrained(folder, dtype=torch.float32)
     return {name: getattr(pipe, name) for name in COMPONENTS}
 
@@ -287,7 +295,29 @@ class TinySanaPolicy(Policy):
 # --- Registration ------------------------------------------------------------------------------------------------
 
 
-@register_backbone(NAME)
+def _schema() -> dict[str, tuple[Any, Any]]:
+    """:data:`OPTIONS` as the spec's typed schema: what params.yaml's ``model.options`` is read through before any work
+    (jagg_core/setup/options.py; a wrong type or a value out of bounds is one sentence there)."""
+    out = {}
+    for name, o in OPTIONS.items():
+        if name == "lora":
+            out[name] = LORA
+            continue
+        kind = float if o.type == (int, float) else o.type
+        bounds = {"ge": o.minimum, "le": o.maximum} if o.minimum is not None else {}
+        out[name] = (Annotated[kind, Field(**bounds)] if bounds else kind, None)
+    return out
+
+
+@register_backbone(
+    NAME,
+    options=_schema(),
+    defaults=DEFAULTS,
+    cost=CostFacts(**ARCHITECTURE),  # `jagg plan` on it
+    export_pipeline=PIPELINE_CLASS,  # `jagg export` writes LoRA adapters in SanaPipeline's format
+    stand_in=save_tiny_sana,  # a model folder for tests (model.path); unset, the model is built from its seed
+    check_files=check_folder,
+)
 def load_tiny_sana(path: str | None, *, device: torch.device, dtype: torch.dtype,
                    options: Mapping[str, Any]) -> TinySanaPolicy:
     """``model.path`` unset: the random model of ``options["seed"]``; else the folder :func:`save_tiny_sana` wrote."""
