@@ -453,7 +453,10 @@ class Params(Section):
             return data
         if not isinstance(files, list) or not all(isinstance(f, str) and f for f in files):
             raise ValueError("plugins must be a list of file paths inside the project, e.g. [plugins/my_reward.py]")
-        load_plugins(tuple(inside(Path.cwd(), f, "plugins", kind="file") for f in files))
+        try:
+            load_plugins(tuple(inside(Path.cwd(), f, "plugins", kind="file") for f in files))
+        except UserError as e:  # the sentence is the plugin's; the params' location is added by the caller
+            raise ValueError(str(e).rstrip(".")) from None
         return data
 
     @model_validator(mode="before")
