@@ -160,8 +160,7 @@ def evaluate_step(
 
     With ``options.part`` of several processes (a collective: every rank calls it), each generates and scores its
     blocks."""
-    from ..rewards import loaded_rewards, make_metric, rewards_off_device
-
+    from ..rewards import loaded_rewards, rewards_off_device
     from ..sampling import sample_images
 
     ev = params.eval
@@ -209,14 +208,7 @@ def evaluate_step(
                         save_clip(images_dir, s, i, img, frames, _save_jpeg)
     part.barrier()  # every image is there
 
-    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
-    score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
-    if part.world == 1:
-        scores = score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
-    else:
-        shares = part.gather(score(images_dir, prompts, metrics, batch_size=ev.batch_size,
-                                   progress=progress and part.main, part=(part.rank, part.world)))
-        scores = merge_score_parts(shares, prompts)
+    scores = _score_step(params, images_dir, prompts, frames, progress, part)
     summary = _summary(params, scores)
     result = {"step": step, "metrics": summary}
     if options.curve_subset is not None:  # the learning curve's point: the fixed subset of these same images
@@ -228,6 +220,21 @@ def evaluate_step(
         atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     part.barrier()
     return result
+
+
+def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence[str]], frames: list[int] | None,
+                progress: bool, part: Part) -> dict[str, dict[str, Any]]:
+    """Every metric of ``eval.metrics`` on one step's images (or clips), this process's share gathered."""
+    from ..rewards import make_metric
+
+    ev = params.eval
+    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
+    score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
+    if part.world == 1:
+        return score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
+    shares = part.gather(score(images_dir, prompts, metrics, batch_size=ev.batch_size,
+                               progress=progress and part.main, part=(part.rank, part.world)))
+    return merge_score_parts(shares, prompts)
 
 
 def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
