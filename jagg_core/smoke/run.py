@@ -266,8 +266,6 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     would be refused."""
     from jagg_core.build import pick_device
     from jagg_core.setup.storage import atomic_write_text
-    from jagg_core.trainer import train
-    from jagg_core.bench.run import machine_info
 
     cfg.validate()
     say = progress or (lambda _msg: None)
@@ -290,33 +288,51 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
             f"({model_dir})")
         prompts = root / "data" / params.profile / "prompts" / "train.jsonl"
         atomic_write_text(prompts, "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-        rows, trainable = [], None
-        for name in cfg.methods:
-            _free_cuda()
-            before = None
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device) / 2**20  # ~0: a leak from the last method shows here
-            t1 = time.perf_counter()
-            result = train(params, name, cfg.seed, root=root, resume=False, progress=False)
-            wall = time.perf_counter() - t1
-            peak = None
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                peak = torch.cuda.max_memory_allocated(device) / 2**20
-            rows.append(_method_row(params, name, result.history, peak, wall))
-            rows[-1]["allocated_before_mb"] = before
-            if trainable is None:
-                trainable = _trainable_count(result.checkpoint)
-            r = rows[-1]
-            say(f"{name}: {len(result.history)} iterations in {wall:.1f} s; first step approx_kl "
-                f"{r['first_step']['approx_kl']:.3g}, clipfrac {r['first_step']['clipfrac']:.3g}")
-            del result
+        rows, trainable = _train_methods(cfg, params, root, device, say)
+    return _result(cfg, params, overrides, device, size, rows, trainable)
+
+
+def _train_methods(cfg: SmokeConfig, params, root: Path, device: torch.device,  # noqa: ANN001 (Params)
+                   say: Callable[[str], None]) -> tuple[list[dict], int | None]:
+    """Each method trained in turn from the same tiny model: its row (times, first step, peak memory) and the
+    trainable parameter count, with the update and iteration speedups against the first method."""
+    from jagg_core.trainer import train
+
+    rows, trainable = [], None
+    for name in cfg.methods:
+        _free_cuda()
+        before = None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device) / 2**20  # ~0: a leak from the last method shows here
+        t1 = time.perf_counter()
+        result = train(params, name, cfg.seed, root=root, resume=False, progress=False)
+        wall = time.perf_counter() - t1
+        peak = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) / 2**20
+        rows.append(_method_row(params, name, result.history, peak, wall))
+        rows[-1]["allocated_before_mb"] = before
+        if trainable is None:
+            trainable = _trainable_count(result.checkpoint)
+        r = rows[-1]
+        say(f"{name}: {len(result.history)} iterations in {wall:.1f} s; first step approx_kl "
+            f"{r['first_step']['approx_kl']:.3g}, clipfrac {r['first_step']['clipfrac']:.3g}")
+        del result
     base = rows[0]
     for r in rows:
         r["update_speedup"] = (base["update_s"] / r["update_s"]) if base["update_s"] and r["update_s"] else None
         r["iteration_speedup"] = ((base["iteration_s"] / r["iteration_s"])
                                   if base["iteration_s"] and r["iteration_s"] else None)
+    return rows, trainable
+
+
+def _result(cfg: SmokeConfig, params, overrides: dict, device: torch.device, size,  # noqa: ANN001
+            rows: list[dict], trainable: int | None) -> dict:
+    """The smoke test's result: machine, configuration, model, recipe, each method's row and the checks."""
+    from jagg_core.bench.run import machine_info
+
     sample = params.sample
     out = {
         "kind": "jagg-smoke",
