@@ -119,12 +119,23 @@ def _reader(where: str, spec: BackboneSpec | RewardSpec):
 _SPECS: dict[str, dict[str, BackboneSpec | RewardSpec]] = {"backbone": {}, "reward": {}}
 _LOADED: set[str] = set()  # entry points and files already imported by this process
 _LOCK = threading.RLock()
-_loading: list[str] = []  # the plugin being imported (its registrations are attributed to it)
+# the plugin being imported: (its label, its module; None for a file); its registrations are attributed to it
+_loading: list[tuple[str, str | None]] = []
+
+
+def _origin(spec: BackboneSpec | RewardSpec) -> str:
+    """Who registers ``spec``: the plugin being imported, or, for an entry point whose import registers specs of
+    other modules too (a package's ``__init__`` importing its siblings: jagg's own built-ins), the spec's module."""
+    module = getattr(spec.factory, "__module__", None) or "?"
+    if not _loading:
+        return module
+    label, own = _loading[-1]
+    return label if own is None or module == own or module.startswith(own + ".") else module
 
 
 def add(kind: Literal["backbone", "reward"], spec: BackboneSpec | RewardSpec) -> None:
     """Register ``spec`` (what ``register_backbone`` / ``register_reward`` call); a taken name is one sentence."""
-    origin = _loading[-1] if _loading else getattr(spec.factory, "__module__", "?")
+    origin = _origin(spec)
     spec = type(spec)(**{**spec.__dict__, "origin": origin})
     taken = _SPECS[kind].get(spec.name)
     if taken is not None:
@@ -138,11 +149,11 @@ def remove(kind: Literal["backbone", "reward"], name: str) -> None:
     _SPECS[kind].pop(name, None)
 
 
-def _import(label: str, load: Callable[[], Any]) -> None:
+def _import(label: str, load: Callable[[], Any], module: str | None = None) -> None:
     if label in _LOADED:
         return
     _LOADED.add(label)  # also when it fails: the sentence is raised once, not half a registration twice
-    _loading.append(label)
+    _loading.append((label, module))
     try:
         load()
     except PluginError:
@@ -168,7 +179,7 @@ def load_plugins(files: tuple[Path, ...] = ()) -> None:
     ``files`` (resolved paths of params.yaml's ``plugins``)."""
     with _LOCK:
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: (e.value, e.name)):
-            _import(f"{ep.name} ({ep.value})", ep.load)
+            _import(f"{ep.name} ({ep.value})", ep.load, ep.module)
         for path in files:
             if not path.is_file():
                 raise PluginError(f"plugin file {path} does not exist; params.yaml's plugins names files inside the "
