@@ -118,6 +118,7 @@ ARCHITECTURE: dict[str, Any] = dict(
     text_tokens=DEFAULTS["max_sequence_length"],
     frozen_params=27_008 + 35_079,  # text encoder + VAE
     cross_attention=True,  # text by cross-attention, linear self-attention over the image tokens
+    true_cfg=True,  # guidance_scale > 1: the unconditional and conditional halves, two forwards a step
     source="examples/plugins/tiny_sana.py: 2 Sana blocks of width 32; DC-AE ×4, 1×1 patches; 2-layer Gemma-2",
 )
 
