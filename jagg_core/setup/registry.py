@@ -190,20 +190,20 @@ def load_plugins(files: tuple[Path, ...] = ()) -> None:
                               f"install the project (`make setup`, or `pip install -e .`).")
 
 
-def backbone_spec(name: str) -> BackboneSpec:
+def _lookup(kind: Literal["backbone", "reward"], name: str) -> BackboneSpec | RewardSpec:
     load_plugins()
-    spec = _SPECS["backbone"].get(name)
+    spec = _SPECS[kind].get(name)
     if spec is None:
-        raise PluginError(f"unknown backbone {name!r}; use one of {', '.join(backbone_names())}")
-    return spec  # type: ignore[return-value]
+        raise PluginError(f"unknown {kind} {name!r}; use one of {', '.join(sorted(_SPECS[kind]))}")
+    return spec
+
+
+def backbone_spec(name: str) -> BackboneSpec:
+    return _lookup("backbone", name)  # type: ignore[return-value]
 
 
 def reward_spec(name: str) -> RewardSpec:
-    load_plugins()
-    spec = _SPECS["reward"].get(name)
-    if spec is None:
-        raise PluginError(f"unknown reward {name!r}; use one of {', '.join(reward_names())}")
-    return spec  # type: ignore[return-value]
+    return _lookup("reward", name)  # type: ignore[return-value]
 
 
 def backbone_names() -> list[str]:
