@@ -4,7 +4,8 @@ and the bench.
 A step trained with autograd costs a forward and a backward (``f + b``); a JAGG middle step recomputed under
 ``no_grad`` costs one forward ``f0``; a velocity reused from the rollout costs nothing. With forward = 1 and
 backward = 2 an exact group of W steps costs 3W, a JAGG group W + 4 (two anchors), so the ideal update speedup is
-3W/(W + 4): 1.5x at W = 4, 2x at W = 8; with reuse 3W/6 = W/2; with K anchors 3W/(W + 2K).
+3W/(W + 4): 1.5x at W = 4, 2x at W = 8; with reuse 3W/6 = W/2; with K anchors 3W/(W + 2K) (W/K with reuse). Over
+several groups (e.g. two groups of W = 4 on an 8-step window) the costs add: 3 × the trained steps over the sum.
 """
 
 from __future__ import annotations

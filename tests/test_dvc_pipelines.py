@@ -70,12 +70,14 @@ def test_dvc_lists_exactly_each_profiles_runs(tmp_path):
     listed = _listed(root)
     profiles = profile_names(yaml.safe_load((REPO / "params.yaml").read_text()))
     assert set(listed) == set(profiles)
-    assert {"toy", "toy-full", "toy-mix", "ci", "flux-fast", "flux", "wan"} <= set(profiles)
+    assert {"toy", "toy-full", "toy-w", "toy-mix", "ci", "flux-fast", "flux", "wan"} <= set(profiles)
     for profile in profiles:
         runs = _runs(REPO / "params.yaml", profile)
         want = {f"train@{r}" for r in runs} | {f"evaluate@{r}" for r in runs} | OTHER_STAGES
         assert listed[profile] == want, profile
     assert len({s for s in listed["toy-full"] if s.startswith("train@")}) == 40  # docs/results.md: 4 methods x 10
+    assert len({s for s in listed["toy-w"] if s.startswith("train@")}) == 70  # docs/frontier.md: 7 methods x 10
+    assert "train@jagg-k3-9" in listed["toy-w"]  # a method the profile's overlay adds
     assert "train@exact-batched-0" in listed["toy"]  # the toy overlay's run.methods, not the top-level's
 
 

@@ -20,18 +20,20 @@ from typing import Any, Sequence
 from ..errors import UserError
 from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
+from ..modes import EXACT_MODES
 from ..setup.paths import Layout, run_name
 from .report_diagnostics import diagnostic_figures
 from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fidelity, plot_learning, plot_per_second,
                              plot_stacked_bars)
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
-from .report_stats import prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
+from .report_stats import (noninferiority, prompt_intervals, seconds_per_iteration, t_interval, time_to_target,
+                           verdict)
 from ..setup.storage import atomic_write_text
 from jagg_core.setup.storage import read_regular
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
-           "iteration_breakdown", "kl_ref_phase", "read_curve", "speed_table", "PHASES"]
+           "iteration_breakdown", "kl_ref_phase", "read_curve", "report_pairs", "speed_table", "BASELINE", "PHASES"]
 
 
 class ReportError(UserError, ValueError):
@@ -298,13 +300,15 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         figures["grid"] = "grid.png"
 
     per_run = _per_run(runs, metrics)
-    paired = paired_differences(per_run, metrics[0])
-    prompts = prompt_intervals(lay, runs, metrics, params.eval.protocol, PAIRS)
+    pairs = report_pairs(params)
+    paired = paired_differences(per_run, metrics[0], pairs)
+    prompts = prompt_intervals(lay, runs, metrics, params.eval.protocol, pairs)
     _attach_intervals(final, paired, per_run, prompts, base_scores)
     ttt = time_to_target(runs, metrics[0], curve_base[metrics[0]], spi, images) if (
         curve_base and metrics[0] in curve_base) else {}
     summary = {"profile": params.profile, "primary": metrics[0], "runs": per_run,
                "paired": paired, "verdict": verdict(paired, metrics[0]), "prompt_intervals": prompts,
+               "noninferiority": [noninferiority(p) for p in paired if p["b"] == BASELINE],
                "seconds_per_iteration": spi, "time_to_target": ttt, "curve_prompts_per_style": subset,
                "side_by_side": _without_samples(side),
                "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
@@ -400,11 +404,24 @@ PAIRS = (("jagg", "baseline"), ("ablate", "jagg"), ("ablate-matched", "jagg"), (
          ("ablate", "baseline"), ("ablate-matched", "baseline"))
 
 
-def paired_differences(per_run: Sequence[dict[str, Any]], metric: str) -> list[dict[str, Any]]:
-    """``metric(a) − metric(b)`` per seed for each pair of :data:`PAIRS` that both ran, with a 95% t-interval."""
+# The exact baseline every other method is paired with (time_to_target's target is its gain too).
+BASELINE = "baseline"
+
+
+def report_pairs(params: Params) -> tuple[tuple[str, str], ...]:
+    """The paper's :data:`PAIRS`, then every other method of ``run.methods`` that is not an exact backward against
+    :data:`BASELINE` (a study's own methods, e.g. toy-w's W and K variants, each get their paired interval)."""
+    extra = tuple((m, BASELINE) for m in params.run.methods if m != BASELINE and (m, BASELINE) not in PAIRS
+                  and BASELINE in params.run.methods and params.methods[m].mode not in EXACT_MODES)
+    return PAIRS + extra
+
+
+def paired_differences(per_run: Sequence[dict[str, Any]], metric: str,
+                       pairs: Sequence[tuple[str, str]] = PAIRS) -> list[dict[str, Any]]:
+    """``metric(a) − metric(b)`` per seed for each pair of ``pairs`` that both ran, with a 95% t-interval."""
     final = {(r["method"], r["seed"]): r["final"].get(metric) for r in per_run}
     out = []
-    for a, b in PAIRS:
+    for a, b in pairs:
         seeds = sorted(s for (m, s) in final if m == a and (b, s) in final)
         if seeds:
             diffs = [final[(a, s)] - final[(b, s)] for s in seeds]

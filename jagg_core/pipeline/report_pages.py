@@ -231,8 +231,10 @@ def page_markdown(params: Params, summary: dict, breakdown: list[list[str]]) -> 
              *([markdown_table(_side_rows(summary))] if _side_rows(summary) else []),
              "## Speed: each run's own times (per iteration; update = forward + backward on stored experience)\n",
              markdown_table(_speed_rows(summary)),
-             "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+4) "
-             "for JAGG with no-grad middle steps, W/2 with rollout-velocity reuse. 'measured/ideal gain' is "
+             "The ideal speedup is the cost model's (forward 1, backward 2) from the counted forwards: 3W/(W+2K) "
+             "for a JAGG group of W steps with K anchors and no-grad middle steps (3W/(W+4) at the paper's K = 2), "
+             "W/K with rollout-velocity reuse; over several groups, 3 × the trained steps over the groups' summed "
+             "cost. 'measured/ideal gain' is "
              "(measured − 1)/(ideal − 1); above 1 it is flagged ⚑: each run timed itself at its own time, and a "
              "speedup beyond the cost model is the machine's load, not the method.\n",
              "## Where an iteration's time goes (seconds, mean per iteration)\n",

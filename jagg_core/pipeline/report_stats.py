@@ -26,7 +26,7 @@ import numpy as np
 
 from ..setup.paths import Layout
 
-__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "prompt_intervals", "seconds_per_iteration", "t_interval",
+__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "noninferiority", "prompt_intervals", "seconds_per_iteration", "t_interval",
            "time_to_target", "verdict"]
 
 BOOTSTRAP = 2000
@@ -210,6 +210,15 @@ def time_to_target(runs: Sequence[Any], metric: str, base: float, spi: Mapping[s
 
 def _fmt_interval(p: Mapping[str, float]) -> str:
     return f"{p['mean']:+.4f} [{p['lo']:+.4f}, {p['hi']:+.4f}]"
+
+
+def noninferiority(p: Mapping[str, Any], margin: float = NONINFERIORITY_MARGIN) -> dict[str, Any]:
+    """One method against the exact baseline at ``margin``, from the paired 95% interval of (method − baseline):
+    ``non-inferior`` (the whole interval above −margin), ``inferior`` (the whole interval below −margin), or
+    ``not shown`` (the interval reaches across −margin, or fewer than 2 seeds)."""
+    lo, hi, n = p.get("lo", float("nan")), p.get("hi", float("nan")), p.get("n", 0)
+    word = ("non-inferior" if n > 1 and lo > -margin else "inferior" if n > 1 and hi < -margin else "not shown")
+    return {"a": p["a"], "b": p["b"], "margin": margin, "n": n, "lo": lo, "hi": hi, "verdict": word}
 
 
 def verdict(paired: Sequence[Mapping[str, Any]], metric: str, margin: float = NONINFERIORITY_MARGIN) -> str:
