@@ -21,6 +21,16 @@ over the block is kept, so every reading and every α rule is a quadratic form. 
 every prompt of the rollout). The velocities' W×W Gram per image gives the linearity residual
 ‖v_j − (1−α_j) v_0 − α_j v_{W−1}‖ / ‖v_j‖ and the velocity-fitted α. Writes ``readings.jsonl``, ``summary.json``
 and two figures under ``--out``; ``--summarise-only`` redoes the last two from the first.
+
+``--methods`` (docs/frontier.md) measures instead each named method's whole update gradient against the exact one,
+on the same models and the same rollouts: for every reading (``--reading`` images spread over the rollout's
+prompts) the trainer's own ``accumulate_gradients`` runs each method's routing over every trained step (its window,
+anchors, variant, reuse: two groups of W = 4 count as one gradient over the 8 steps) and the exact backward's, and
+``cos(method, exact)`` and the norm ratio are kept. Writes ``methods.jsonl`` and ``methods.json`` (per method: the
+mean cosine, a Student-t 95% interval over (model, rollout) units, each unit's readings averaged first)::
+
+    python scripts/jagg_fidelity_study.py --profile toy-w --methods all --ckpt-root checkpoints/toy-w \
+        --models base,baseline-s0,jagg-s0 --rollouts 4 --out docs/frontier/fidelity
 """
 
 from __future__ import annotations
@@ -259,14 +269,18 @@ def _run_state(args, work: Path):
 
     base = ROOT / "assets" / "toy-base"
     verify_sums(base)
-    params = load_params(ROOT / "params.yaml", args.profile,
+    params = load_params(Path(args.params), args.profile,
                          {"model.path": str(base), "tracking.mlflow_uri": f"sqlite:///{work / 'mlflow.db'}"})
     lay = Layout.of(params, work)
     if not lay.train_prompts.exists():
         w = params.world
-        train, test = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style)
-        write_prompt_splits(lay.prompts, train, test)
-    return setup_run(params, args.method, args.seed, work, None, "jagg-fidelity-study")
+        write_prompt_splits(lay.prompts, *make_prompt_splits(w.seed, w.n_train, w.n_test_per_style,
+                                                             w.n_validation_per_style))
+    method = args.method
+    if args.methods:  # the rollout keeps its middle velocities when a method reuses them
+        method = next((m for m in method_names(params, args.methods) if params.method(m).reuse_rollout_velocity),
+                      method_names(params, args.methods)[0])
+    return setup_run(params, method, args.seed, work, None, "jagg-fidelity-study")
 
 
 def _load_model(r, name: str, ckpt_root: Path) -> str:
@@ -352,6 +366,118 @@ def measure_model(r, ctx, name: str, args, out_rows: list, log) -> None:
                 out_rows.append(rec)
             log(f"  block {b} ({len(block)} images, {len(prompts)} prompts): {time.perf_counter() - t0:.1f} s; "
                 f"all: cos jagg {out_rows[-1]['cos_t']:.4f}, ablate {out_rows[-1]['cos_ablate']:.4f}")
+
+
+# --- every method's whole update gradient against the exact one (docs/frontier.md) ----------------------------
+
+
+def method_names(params, spec: str) -> list[str]:
+    """``all``: the profile's run.methods; else the comma list (each must be defined under methods)."""
+    names = list(params.run.methods) if spec == "all" else [m for m in spec.split(",") if m]
+    for m in names:
+        params.method(m)  # an unknown name is one ParamsError sentence
+    return names
+
+
+def update_gradient(ctx, traj, advantages, rows, method) -> torch.Tensor:
+    """The method's gradient over every trained step of ``rows``, as the trainer accumulates it (float64, flat)."""
+    from jagg_core.jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
+    from jagg_core.trainer.update import UpdateContext, accumulate_gradients
+
+    frac = AUTO_FALLBACK_JAGG_FRAC if method.jagg_frac == "auto" else float(method.jagg_frac)
+    groups = plan_groups(traj.train_steps, method.window, frac, mode=method.mode)
+    params = ctx.policy.trainable_parameters()
+    for p in params:
+        p.grad = None
+    mctx = UpdateContext(ctx.policy, method, ctx.sample, ctx.train, autocast=ctx.autocast)
+    accumulate_gradients(mctx, traj, advantages, rows, groups, reuse=method.reuse_rollout_velocity,
+                         measure_kl_ref=False)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).double()
+                      for p in params])
+    for p in params:
+        p.grad = None
+    return flat
+
+
+def spread_readings(rows: Sequence[int], prompt_of: Callable[[int], int], n: int) -> list[list[int]]:
+    """Readings of ``n`` signal rows each, the same number from every prompt of the rollout (prompt-major order)."""
+    by_prompt: dict[int, list[int]] = {}
+    for i in rows:
+        by_prompt.setdefault(prompt_of(i), []).append(i)
+    per = max(1, n // max(1, len(by_prompt)))
+    k = min((len(v) for v in by_prompt.values()), default=0) // per
+    return [[i for v in by_prompt.values() for i in v[j * per : (j + 1) * per]] for j in range(k)]
+
+
+def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: list, log) -> None:
+    from jagg_core.setup.config import ResolvedMethod
+    from jagg_core.trainer.loop import _advantages, _rollout
+
+    methods = {m: r.params.method(m) for m in names}
+    first = next(iter(methods.values()))
+    exact = ResolvedMethod(**{**first.model_dump(), "name": "exact", "mode": "exact"})
+    for it in range(args.rollouts):
+        iteration = it + args.first_iteration
+        metrics: dict[str, float] = {}
+        traj = _rollout(r, iteration, iteration + 1, metrics)
+        scored = _advantages(r, traj, iteration + 1, metrics)
+        readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
+        t0 = time.perf_counter()
+        for k, idx in enumerate(readings):
+            rows = torch.tensor(idx)
+            g_exact = update_gradient(ctx, traj, scored.advantages, rows, exact)
+            ne = float(g_exact.norm())
+            for m, method in methods.items():
+                g = g_exact if method.mode == "exact" else update_gradient(ctx, traj, scored.advantages, rows, method)
+                ng = float(g.norm())
+                cos = float(g @ g_exact / (ng * ne)) if ng and ne else float("nan")
+                out_rows.append({"model": name, "rollout": iteration, "reading": k, "n": len(idx), "method": m,
+                                 "cos": cos, "norm_ratio": ng / ne if ne else float("nan")})
+        log(f"{name} rollout {iteration}: {len(readings)} readings of {args.reading} images, "
+            f"{time.perf_counter() - t0:.1f} s; steps {traj.train_steps}")
+
+
+def summarise_methods(rows: list[dict], names: Sequence[str]) -> dict:
+    """Per method: mean cos(method, exact) and norm ratio with Student-t 95% intervals over (model, rollout) units."""
+    out: dict = {"methods": {}, "models": sorted({r["model"] for r in rows})}
+    for m in names:
+        units: dict[tuple, list[dict]] = {}
+        for r in rows:
+            if r["method"] == m:
+                units.setdefault((r["model"], r["rollout"]), []).append(r)
+        entry = {"readings": sum(len(v) for v in units.values()), "units": len(units)}
+        for key in ("cos", "norm_ratio"):
+            mean, lo, hi, n = t_interval([float(np.mean([x[key] for x in v])) for v in units.values()])
+            entry[key] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
+        out["methods"][m] = entry
+    return out
+
+
+def methods_main(args, out: Path, log) -> int:
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    from jagg_core.trainer.update import UpdateContext
+
+    rows: list[dict] = []
+    names: list[str] = []
+    for name in args.models.split(","):
+        r = _run_state(args, work)  # a fresh policy per model
+        names = method_names(r.params, args.methods)
+        loaded = _load_model(r, name, Path(args.ckpt_root))
+        ctx = UpdateContext(r.policy, r.method, r.params.sample, r.params.train, r.sync, r.autocast)
+        log(f"model {name}: {loaded}; methods {', '.join(names)}")
+        measure_methods(r, ctx, name, names, args, rows, log)
+    with open(out / "methods.jsonl", "w") as f:
+        for rec in rows:
+            f.write(json.dumps(rec) + "\n")
+    summary = summarise_methods(rows, names)
+    summary["meta"] = {"profile": args.profile, "models": args.models, "rollouts": args.rollouts,
+                       "reading": args.reading, "seed": args.seed, "first_iteration": args.first_iteration,
+                       "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                       "command": " ".join(["python", "scripts/jagg_fidelity_study.py", *sys.argv[1:]])}
+    (out / "methods.json").write_text(json.dumps(summary, indent=1) + "\n")
+    log(f"wrote {out / 'methods.jsonl'}, {out / 'methods.json'}")
+    return 0
 
 
 # --- summary ----------------------------------------------------------------------------------------------------
@@ -618,6 +744,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--summarise-only", action="store_true", help="re-read readings.jsonl, redo summary and figures")
     ap.add_argument("--tables", action="store_true", help="also print the markdown tables of docs/jagg_fidelity.md")
+    ap.add_argument("--params", default=str(ROOT / "params.yaml"))
+    ap.add_argument("--methods", default="", help="'all' (the profile's run.methods) or a comma list: each method's "
+                    "whole update gradient against the exact one (methods.json), instead of the Gram study")
+    ap.add_argument("--reading", type=int, default=16, help="--methods: images per reading, spread over the prompts")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -630,6 +760,8 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
 
+    if args.methods:
+        return methods_main(args, out, log)
     path = out / "readings.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
     old = out / "summary.json"
