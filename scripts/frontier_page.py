@@ -1,0 +1,316 @@
+"""Write docs/frontier.md from toy-w's report: where JAGG stops holding as W grows, one point per method.
+
+    python scripts/frontier_page.py --summary docs/frontier/summary.json \
+        --cosines docs/frontier/fidelity/methods.json --pilot docs/frontier/pilot.md \
+        --wall "2 h 10 min" --cpu "250 min" --date 2026-12-05 --commit abc1234 --out docs/frontier.md
+
+The summary is toy-w's report (``jagg report --profile toy-w --copy-to docs/frontier``): each method's test gain with
+its intervals over seeds and over prompts, its paired difference with the exact baseline, its verdict at the
+non-inferiority margin and the `speed` stage's side-by-side update times. The cosines are
+``scripts/jagg_fidelity_study.py --methods all``'s (cos of each method's whole update gradient with the exact one, on
+the same checkpoints and rollouts). The pilot is the hand-written section on how the recipe was chosen. Every figure
+the page quotes is read from those files, so the page cannot disagree with them; bad input is one sentence and a
+non-zero exit, and nothing is written unless everything could be (the figure and the page are replaced atomically).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FIGURE = "frontier/frontier.png"  # relative to the page's folder
+
+
+class PageError(Exception):
+    """Bad input: one sentence."""
+
+
+def _iv(lo: float, hi: float, d: int = 4) -> str:
+    if not (isinstance(lo, (int, float)) and isinstance(hi, (int, float))) or math.isnan(lo) or math.isnan(hi):
+        return "–"
+    return f"[{lo:+.{d}f}, {hi:+.{d}f}]"
+
+
+def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PageError(f"{path} does not exist; {fix}.") from None
+    except (OSError, ValueError) as e:
+        raise PageError(f"{path} cannot be read as JSON ({type(e).__name__}); {fix}.") from None
+    if not isinstance(data, dict):
+        raise PageError(f"{path} is not {what}; {fix}.")
+    return data
+
+
+def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One row per method of the summary: its settings, speedups, gain, paired difference, verdict and cosine."""
+    fix = "write it with `jagg report --profile toy-w --copy-to docs/frontier`"
+    try:
+        prim = s["primary"]
+        final = {r["method"]: r for r in s["final"]}
+        speed = {r["method"]: r for r in s["speed"]}
+        paired = {(p["a"], p["b"]): p for p in s["paired"]}
+        verdicts = {v["a"]: v for v in s.get("noninferiority", [])}
+    except (KeyError, TypeError):
+        raise PageError(f"the summary lacks the report's final scores, speed rows or paired differences; {fix}.") \
+            from None
+    if "baseline" not in final:
+        raise PageError(f"the summary has no exact baseline (methods: {', '.join(final)}); the frontier is drawn "
+                        f"against it.")
+    side = s.get("side_by_side") or {}
+    side_rows = {r["method"]: r for r in side.get("table", [])}
+    side_methods = side.get("methods", {})
+    cos_methods = (cos or {}).get("methods", {})
+    out = []
+    for m, f in final.items():
+        try:
+            gain = f["intervals"][prim]["gain_seeds"]
+            gain_prompts = f["intervals"][prim].get("gain_prompts") or [float("nan")] * 2
+        except (KeyError, TypeError):
+            raise PageError(f"the summary's final row of {m} has no gain interval of {prim}; {fix}.") from None
+        sp = speed.get(m, {})
+        sr = side_rows.get(m)
+        row = {"method": m, "mode": sp.get("mode", "?"), "window": sp.get("window"), "anchors": sp.get("anchors"),
+               "reuse": bool(side_methods.get(m, {}).get("reuse", False)), "seeds": f.get("seeds", 0),
+               "gain": gain, "gain_prompts": gain_prompts}
+        if sr:
+            row.update(ideal=sr["ideal"], measured=sr.get("speedup", float("nan")), speed_source="side by side")
+        else:
+            row.update(ideal=sp.get("ideal_update_speedup", float("nan")),
+                       measured=sp.get("update_speedup", float("nan")), speed_source="the runs' own")
+        p = paired.get((m, "baseline"))
+        row["paired"] = p
+        row["verdict"] = "– (the baseline)" if m == "baseline" else (verdicts.get(m, {}).get("verdict") or "–")
+        if m == "baseline" or row["mode"] == "exact":
+            row["cos"] = "1 (the exact gradient, by construction)"
+        elif m in cos_methods:
+            c = cos_methods[m]["cos"]
+            hi = min(c["hi"], 1.0) if not math.isnan(c["hi"]) else c["hi"]  # a cosine is at most 1
+            row["cos"] = f"{c['mean']:.3f} {_iv(c['lo'], hi, 3).replace('+', '')} ({cos_methods[m]['units']} rollouts)"
+        else:
+            row["cos"] = "not measured"
+        out.append(row)
+    return out
+
+
+def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
+    """The frontier: update speedup (x) against the test gain with its seeds' interval (y), the baseline's band."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    base = next(r for r in rows if r["method"] == "baseline")
+    g = base["gain"]
+    if not math.isnan(g.get("lo", float("nan"))):
+        ax.axhspan(g["lo"], g["hi"], color="0.85", label="exact baseline: gain's seeds' 95%")
+    ax.axhline(g["mean"], color="0.5", lw=0.8)
+    for i, r in enumerate(rows):
+        x, y = r["measured"], r["gain"]["mean"]
+        lo, hi = r["gain"].get("lo", float("nan")), r["gain"].get("hi", float("nan"))
+        err = [[y - lo], [hi - y]] if not (math.isnan(lo) or math.isnan(hi)) else None
+        ax.errorbar([x], [y], yerr=err, fmt="o", color=f"C{i % 10}", capsize=4, label=r["method"])
+        ax.annotate(r["method"], (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.axvline(1.0, color="0.6", ls=":", lw=0.8)
+    ax.set_xlabel(f"update speedup over the exact baseline ({rows[0]['speed_source']}, median)")
+    ax.set_ylabel(f"test {prim} gain over the base (mean, seeds' 95%)")
+    ax.set_title("toy-w: speed for learning, one point per method", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def table(rows: list[dict[str, Any]], prim: str) -> str:
+    head = ("| method | W | K | reuse | ideal speedup | measured speedup | gain: mean [seeds' 95%] [prompts' 95%] | "
+            "gain − baseline (paired): mean [seeds' 95%] [prompts' 95%] | verdict at the margin | cos(method, exact) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        g, gp, p = r["gain"], r["gain_prompts"], r["paired"]
+        exact = r["mode"] in ("exact", "exact_batched")
+        paired = "–" if not p else (f"{p['mean']:+.4f} {_iv(p['lo'], p['hi'])} "
+                                    f"{_iv(*(p.get('prompts_interval') or [float('nan')] * 2))}")
+        lines.append(
+            f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
+            f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
+            f"{r['measured']:.2f}× | {g['mean']:+.4f} {_iv(g.get('lo', float('nan')), g.get('hi', float('nan')))} "
+            f"{_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |")
+    return "\n".join(lines)
+
+
+def advice(rows: list[dict[str, Any]], margin: float) -> str:
+    """What the measurements say to a user choosing W, K and reuse: read from the rows, nothing beyond them."""
+    others = [r for r in rows if r["method"] != "baseline"]
+    held = sorted((r for r in others if r["verdict"] == "non-inferior"), key=lambda r: -r["measured"])
+    lost = [r for r in others if r["verdict"] == "inferior"]
+    open_ = [r for r in others if r["verdict"] not in ("non-inferior", "inferior")]
+    say = []
+    if held:
+        best = held[0]
+        say.append(f"- **Held at the {margin:g} margin:** {', '.join(r['method'] for r in held)}; the fastest of them "
+                   f"is {best['method']} ({best['measured']:.2f}× the exact update, {best['ideal']:.2f}× ideal).")
+    if lost:
+        say.append(f"- **Shown to learn less than the exact baseline by more than {margin:g}:** "
+                   f"{', '.join(r['method'] for r in lost)}.")
+    if open_:
+        say.append(f"- **Not decided at this sample size** (the paired interval reaches across −{margin:g}): "
+                   f"{', '.join(r['method'] for r in open_)}.")
+    return "\n".join(say) if say else "- No method other than the baseline was evaluated."
+
+
+CARRY_OVER = """\
+**What on the toy would not carry over to Flux or Qwen-Image.**
+
+- *The cost.* The toy's transformer is 2 MB on one CPU thread: per-call overheads are a large share of a step, and
+  a backward costs about two forwards. On Flux or Qwen-Image with gradient checkpointing a backward costs about three
+  forwards, so the ideal speedups are larger than the toy's (`jagg plan --profile qwenimage` prints them), and the
+  measured ones depend on the GPU's memory traffic, not the toy's. Read the speed columns as the cost model's
+  ordering, not as a forecast of seconds.
+- *The cosine.* How far the velocity is from affine over a span of 8 steps is a property of the model and of the
+  noise schedule. A 2 MB model drawing 24-pixel scenes is not a 12 B one drawing 720-pixel images; the toy can only
+  say whether the *ordering* of W, K and reuse by cosine matches the ordering by learning. Measure the cosine on your
+  own model before choosing W (`train.fidelity_every`'s monitor, or `jagg_frac: auto`).
+- *Reuse.* It is free of error here because every iteration takes one optimizer step, so the rollout's velocities
+  are the updated policy's. A recipe with several optimizer steps per rollout (`train.optimizer_steps_per_epoch`,
+  `train.inner_epochs`, e.g. the qwenimage-dance profile) reuses stale velocities after the first step.
+- *The margin.* 0.01 `toy_fidelity` is about a quarter of the toy baseline's gain; a real run's reward has its own
+  scale and its own noise between seeds. A method held at this margin on the toy is a candidate, not a result, on a
+  real backbone.
+- *Memory.* K anchors keep K graphs alive at once in the joint variant; on a real backbone that is the limit the toy
+  never meets (`jagg.variant: sequential` keeps one).
+"""
+
+
+def page(s: dict[str, Any], rows: list[dict[str, Any]], cos: dict[str, Any] | None, pilot: str, args) -> str:
+    from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN
+
+    prim = s["primary"]
+    base = s.get("base") or {}
+    seeds = {r["method"]: r["seeds"] for r in rows}
+    runs = sum(seeds.values())
+    cos_note = (f"The cosines are `scripts/jagg_fidelity_study.py --methods all`'s ([methods.json]"
+                f"({Path(args.cosines).relative_to(Path(args.out).parent) if _inside(args.cosines, args.out) else args.cosines})): "
+                f"each method's whole update gradient over the 8 trained steps (its own routing: two groups of 4 are "
+                f"one gradient here) against the exact one, on the same models ({', '.join(cos.get('models', []))}) "
+                f"and rollouts, {cos.get('meta', {}).get('reading', '?')} images per reading; the interval is "
+                f"Student-t over (model, rollout) units.") if cos else (
+        "No cosines were given (`--cosines`): the column says so.")
+    measured = (f"Measured with `jagg run --profile toy-w --parallel-runs 2` on a clone of main at {args.commit} on "
+                f"{args.machine} ({args.date}): **{args.wall}** for everything ({runs} trainings two at a time, one "
+                f"thread each, their evaluations, `jagg speed` and the report)"
+                f"{f', {args.cpu} of CPU time' if args.cpu else ''}; then `jagg report --profile toy-w --copy-to "
+                f"docs/frontier`.")
+    return f"""# Beyond the paper: where JAGG stops holding (`toy-w`)
+
+The paper runs JAGG at W = 4. The cost model says a longer group is cheaper — 3W/(W + 4): 1.5× at W = 4, 2× at
+W = 8 — while Theorem 1's premise, velocities affine between a group's two endpoints, gets worse over a longer span;
+K anchors (piecewise JAGG) and rollout-velocity reuse trade some of it back. This page draws that frontier on the
+toy, with the rigour of [results.md](results.md): toy-full's recipe on an SDE window of **8** trained steps, every
+method **{min(seeds.values()) if seeds else 0}–{max(seeds.values()) if seeds else 0} seeds, paired by seed**, the test
+split, two intervals on every score (over seeds: Student-t; over prompts: a bootstrap of the test prompts). The methods:
+the exact baseline (8 backward passes), JAGG over the 8 (W = 8, one group), JAGG in two groups of W = 4, piecewise
+JAGG over the 8 with K = 3 and K = 4 anchors, the endpoint-only ablation at W = 8, and JAGG with rollout-velocity
+reuse at W = 8. Only the backward differs between them.
+
+{measured} The numbers below are read from [frontier/summary.json](frontier/summary.json) by
+`scripts/frontier_page.py`.
+
+## The frontier
+
+![update speedup against test gain, one point per method](frontier/frontier.png)
+
+The x axis is the update stage's speedup over the exact baseline ({rows[0]['speed_source']}: every method's update
+timed in interleaved rounds on one machine state, medians); the y axis the test `{prim}` gain over the base model
+({base.get(prim, float('nan')):.4f}) with its seeds' 95% interval; the grey band is the exact baseline's interval.
+
+{table(rows, prim)}
+
+"Ideal" is the cost model's (forward 1, backward 2) from the forwards each method counted: 3·8 over the groups'
+summed cost, so two groups of 4 are 1.5×, K anchors 3W/(W + 2K), reuse W/K. "Verdict": the method against the exact
+baseline at a non-inferiority margin of {NONINFERIORITY_MARGIN:g} `{prim}` (jagg_core/pipeline/report_stats.py),
+from the paired seeds' interval: *non-inferior* when all of it lies above −{NONINFERIORITY_MARGIN:g}, *inferior* when
+all of it lies below, *not shown* otherwise. {cos_note}
+
+**The report's verdict sentence** (JAGG and the ablation at W = 8): {s.get('verdict') or '–'}
+
+## Advice for a real run
+
+{advice(rows, NONINFERIORITY_MARGIN)}
+
+{CARRY_OVER}
+## How the recipe was chosen
+
+{pilot.strip()}
+"""
+
+
+def _inside(path: str, out: str) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(out).resolve().parent)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--summary", default=str(ROOT / "docs/frontier/summary.json"))
+    ap.add_argument("--cosines", default=str(ROOT / "docs/frontier/fidelity/methods.json"))
+    ap.add_argument("--pilot", default=str(ROOT / "docs/frontier/pilot.md"))
+    ap.add_argument("--wall", required=True, help="what the toy-w run took, e.g. '2 h 10 min'")
+    ap.add_argument("--cpu", default="", help="its CPU time, e.g. '250 min' (user + system)")
+    ap.add_argument("--machine", default="the project's 2-core CPU machine")
+    ap.add_argument("--date", required=True)
+    ap.add_argument("--commit", required=True)
+    ap.add_argument("--out", default=str(ROOT / "docs/frontier.md"))
+    args = ap.parse_args(argv)
+    try:
+        s = _read_json(Path(args.summary), "a report's summary",
+                       "write it with `jagg report --profile toy-w --copy-to docs/frontier`")
+        cos = _read_json(Path(args.cosines), "a methods.json of scripts/jagg_fidelity_study.py --methods",
+                         "write it with `scripts/jagg_fidelity_study.py --methods all`") if args.cosines else None
+        if cos is not None and not isinstance(cos.get("methods"), dict):
+            raise PageError(f"{args.cosines} is not a methods.json of scripts/jagg_fidelity_study.py --methods.")
+        try:
+            pilot = Path(args.pilot).read_text(encoding="utf-8")
+        except OSError as e:
+            raise PageError(f"{args.pilot} cannot be read ({type(e).__name__}); it holds the section on how the "
+                            f"recipe was chosen.") from None
+        rows = rows_of(s, cos)
+        text = page(s, rows, cos, pilot, args)
+        out = Path(args.out)
+        fig = out.parent / FIGURE
+        fig.parent.mkdir(parents=True, exist_ok=True)
+        draw(rows, s["primary"], fig)
+        from jagg_core.setup.storage import atomic_write_text
+
+        atomic_write_text(out, text)
+    except PageError as e:
+        print(f"frontier_page: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out} and {Path(args.out).parent / FIGURE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
