@@ -100,3 +100,103 @@ def test_the_report_pairs_every_study_method_with_the_baseline(toy_w):
                                               (-0.03, -0.0101, 10, "inferior"), (0.01, 0.02, 1, "not shown")])
 def test_noninferiority_at_the_margin(lo, hi, n, word):
     assert noninferiority({"a": "m", "b": "baseline", "lo": lo, "hi": hi, "n": n})["verdict"] == word
+
+
+# The ci profile's sizes on toy-w: a shipped-base world (its validation split as the base was made), 4 test prompts per
+# style, 8 denoising steps (the whole trajectory is the 8-step window), 2 prompts x 4 images, 1 iteration.
+CI_SIZES = {
+    "world": {"n_test_per_style": 4},
+    "reward": {"weights": {"toy_fidelity": 1.0, "toy_preference": 1.0}},  # the ci profile's: a dense signal beside
+    "sample": {"num_steps": 8, "group_size": 4, "prompts_per_iteration": 2, "batch_size": 8},
+    "train": {"iterations": 1, "micro_batch": 8, "checkpoint_every": 1, "fidelity_every": 1, "log_images_every": 1,
+              "kl_ref_every": 1},
+    "eval": {"curve_subset": None, "num_steps": 4, "batch_size": 16, "block_size": 2, "num_images_logged": 4},
+    "resources": {"speed_rounds": 3},
+    "run": {"seeds": [0]},
+}
+
+
+def _script(name: str, *args: str, root: Path) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_ci_sized_toy_w_run_reports_every_method_and_makes_the_frontier_page(tmp_path):
+    """`jagg run --profile toy-w` at ci sizes: every method trains, is evaluated and has its row in summary.json (final
+    score, paired difference with the baseline and its verdict, side-by-side speed with the cost model's ideal); the
+    cosine tool measures every method on the same checkpoint; scripts/frontier_page.py writes a page naming every
+    method, and refuses a summary without the baseline in one sentence, writing nothing."""
+    import os
+    import sys
+
+    import yaml
+
+    from conftest import run_module
+    from jagg_core.setup.params_io import deep_merge
+
+    root = tmp_path / "project"
+    root.mkdir()
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["profiles"]["toy-w"] = deep_merge(raw["profiles"]["toy-w"], CI_SIZES)
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    methods = list(load_params(root / "params.yaml", "toy-w").run.methods)
+    assert methods == list(IDEAL)
+
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    run = run_module("flows.cli", "run", "--profile", "toy-w", "--parallel-runs", "2", root=root,
+                     env={"PATH": path, "OMP_NUM_THREADS": "1"}, timeout=1100)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((root / "reports/toy-w/summary.json").read_text())
+    assert [r["method"] for r in summary["final"]] == methods and all(r["seeds"] == 1 for r in summary["final"])
+    assert {(r["method"], r["seed"]) for r in summary["runs"]} == {(m, 0) for m in methods}
+    for m in methods:
+        assert (root / "checkpoints/toy-w" / f"{m}-s0").is_dir(), m
+    side = {r["method"]: r for r in summary["side_by_side"]["table"]}
+    assert set(side) == set(methods)
+    for m in methods:
+        assert side[m]["ideal"] == pytest.approx(float(IDEAL[m]), rel=1e-12), m
+        assert side[m]["speedup"] > 0
+    assert {r["method"] for r in summary["speed"]} == set(methods)
+    paired = {(p["a"], p["b"]) for p in summary["paired"]}
+    assert {(m, "baseline") for m in methods if m != "baseline"} <= paired
+    assert {v["a"] for v in summary["noninferiority"]} == set(methods) - {"baseline"}
+
+    # The cosine of every method against the exact gradient, on the same model and rollout.
+    fid = tmp_path / "fidelity"
+    out = _script("jagg_fidelity_study.py", "--params", str(root / "params.yaml"), "--profile", "toy-w",
+                  "--methods", "all", "--models", "base", "--rollouts", "1", "--reading", "4",
+                  "--work", str(tmp_path / "work"), "--out", str(fid), root=root)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    cos = json.loads((fid / "methods.json").read_text())["methods"]
+    assert set(cos) == set(methods)
+    assert cos["baseline"]["cos"]["mean"] == pytest.approx(1.0, abs=1e-9)
+    assert cos["jagg-reuse"]["cos"]["mean"] == pytest.approx(cos["jagg"]["cos"]["mean"], abs=1e-9)  # same policy
+    assert all(-1.0 <= c["cos"]["mean"] <= 1.0 + 1e-9 for c in cos.values())
+
+    # The page.
+    (tmp_path / "pilot.md").write_text("The pilot's section.\n")
+    page = tmp_path / "docs" / "frontier.md"
+    args = ["--summary", str(root / "reports/toy-w/summary.json"), "--cosines", str(fid / "methods.json"),
+            "--pilot", str(tmp_path / "pilot.md"), "--wall", "1 min", "--date", "today", "--commit", "abc"]
+    out = _script("frontier_page.py", *args, "--out", str(page), root=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = page.read_text()
+    for m in methods:
+        assert f"| {m} |" in text, m
+    assert "The pilot's section." in text and "would not carry over" in text
+    assert (page.parent / "frontier" / "frontier.png").read_bytes()[:4] == b"\x89PNG"
+
+    broken = dict(summary, final=[r for r in summary["final"] if r["method"] != "baseline"])
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    other = tmp_path / "other" / "frontier.md"
+    args[1] = str(tmp_path / "broken.json")
+    out = _script("frontier_page.py", *args, "--out", str(other), root=root)
+    assert out.returncode == 1 and "no exact baseline" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not other.parent.exists()
