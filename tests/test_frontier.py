@@ -45,7 +45,7 @@ def toy_w():
 def _counted(method) -> dict[str, int]:
     """The forwards group_backward counts over the 8 trained steps, routed as the trainer routes them, on a float64
     velocity model (reuse: the rollout's middle velocities handed in, as the trainer's ImageSteps does)."""
-    t = [1000.0 - 1000.0 * i / 12 for i in range(8)]  # the toy's steps 0-7 of 12
+    t = [1000.0 - 1000.0 * i / 12 for i in range(2, 10)]  # the toy's steps 2-9 of 12
     model = NonlinearVelocity(seed=3)
     ts, zs = segment_group(t, batch=3, off_segment=0.3)
     velocity, step_loss = ppo_problem(model, ts, zs)
@@ -103,11 +103,11 @@ def test_noninferiority_at_the_margin(lo, hi, n, word):
 
 
 # The ci profile's sizes on toy-w: a shipped-base world (its validation split as the base was made), 4 test prompts per
-# style, 8 denoising steps (the whole trajectory is the 8-step window), 2 prompts x 4 images, 1 iteration.
+# style, 10 denoising steps (the profile's 8-step window at step 2 fits), 2 prompts x 4 images, 1 iteration.
 CI_SIZES = {
     "world": {"n_test_per_style": 4},
     "reward": {"weights": {"toy_fidelity": 1.0, "toy_preference": 1.0}},  # the ci profile's: a dense signal beside
-    "sample": {"num_steps": 8, "group_size": 4, "prompts_per_iteration": 2, "batch_size": 8},
+    "sample": {"num_steps": 10, "group_size": 4, "prompts_per_iteration": 2, "batch_size": 8},
     "train": {"iterations": 1, "micro_batch": 8, "checkpoint_every": 1, "fidelity_every": 1, "log_images_every": 1,
               "kl_ref_every": 1},
     "eval": {"curve_subset": None, "num_steps": 4, "batch_size": 16, "block_size": 2, "num_images_logged": 4},
