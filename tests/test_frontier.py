@@ -200,3 +200,17 @@ def test_a_ci_sized_toy_w_run_reports_every_method_and_makes_the_frontier_page(t
     out = _script("frontier_page.py", *args, "--out", str(other), root=root)
     assert out.returncode == 1 and "no exact baseline" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     assert not other.parent.exists()
+
+
+def test_the_reports_fidelity_curve_pools_one_estimator(toy_w):
+    """Each run's monitor logs its own method's groups: toy-w's jagg-w4 (two groups of 4) and jagg-k3 must not be
+    pooled into the W = 8, K = 2 curve of the report's fidelity figure."""
+    from jagg_core.pipeline.report import _Run, fidelity_by_position
+
+    runs = [_Run("baseline", 0, [{"jagg/cos_jagg/g0": 0.6, "jagg/cos_ablate/g0": 0.5}], None),
+            _Run("jagg", 0, [{"jagg/cos_jagg/g0": 0.8, "jagg/cos_ablate/g0": 0.5}], None),
+            _Run("jagg-w4", 0, [{"jagg/cos_jagg/g0": 0.9, "jagg/cos_jagg/g1": 0.9, "jagg/cos_ablate/g0": 0.7}], None),
+            _Run("jagg-k3", 0, [{"jagg/cos_jagg/g0": 0.99, "jagg/cos_ablate/g0": 0.5}], None)]
+    fid = fidelity_by_position(runs, toy_w)
+    assert set(fid["jagg"]) == {0} and fid["jagg"][0][0] == pytest.approx(0.7) and fid["jagg"][0][2] == 2
+    assert fid["ablate"][0][0] == pytest.approx(0.5)

@@ -227,9 +227,18 @@ def breakdown_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
     return table
 
 
-def fidelity_by_position(runs: Sequence[_Run]) -> dict[str, dict[int, tuple[float, float, int]]]:
-    """Mean ± std of cos(JAGG, exact) and cos(ablate, exact) per group position over every logged measurement."""
+def fidelity_by_position(runs: Sequence[_Run], params: Params | None = None
+                         ) -> dict[str, dict[int, tuple[float, float, int]]]:
+    """Mean ± std of cos(JAGG, exact) and cos(ablate, exact) per group position over every logged measurement.
+
+    Each run's monitor measures its own method's groups (window, anchors); with ``params``, only the runs whose
+    method has the jagg section's window and anchors are pooled, so one position means one estimator (toy-w's W = 4
+    and K-anchor methods are not mixed into its W = 8 curve)."""
     out: dict[str, dict[int, list[float]]] = {"jagg": {}, "ablate": {}}
+    if params is not None:
+        same = {m for m in {r.method for r in runs} if m in params.methods and
+                (params.method(m).window, params.method(m).anchors) == (params.jagg.window, params.jagg.anchors)}
+        runs = [r for r in runs if r.method in same]
     for r in runs:
         for row in r.curve:
             for key, v in row.items():
@@ -291,7 +300,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
         if plot_curves(runs, f"reward/{m}/mean", f"training prompts: {m} of the rollouts (4-iteration mean)",
                         out / f"train-{m}.png", smooth=4):
             figures[f"train/{m}"] = f"train-{m}.png"
-    fid = fidelity_by_position(runs)
+    fid = fidelity_by_position(runs, params)
     if plot_fidelity(fid, params.jagg.auto_threshold, out / "fidelity.png"):
         figures["fidelity"] = "fidelity.png"
     figures.update(diagnostic_figures(params, runs, out))  # train/kl_ref, per-reward group_std and zero_std_frac
