@@ -226,7 +226,7 @@ The paper runs JAGG at W = 4. The cost model says a longer group is cheaper — 
 W = 8 — while Theorem 1's premise, velocities affine between a group's two endpoints, gets worse over a longer span;
 K anchors (piecewise JAGG) and rollout-velocity reuse trade some of it back. This page draws that frontier on the
 toy, with the rigour of [results.md](results.md): toy-full's recipe on an SDE window of **8** trained steps, every
-method **{min(seeds.values()) if seeds else 0}–{max(seeds.values()) if seeds else 0} seeds, paired by seed**, the test
+method **{_seeds(seeds)}, paired by seed**, the test
 split, two intervals on every score (over seeds: Student-t; over prompts: a bootstrap of the test prompts). The methods:
 the exact baseline (8 backward passes), JAGG over the 8 (W = 8, one group), JAGG in two groups of W = 4, piecewise
 JAGG over the 8 with K = 3 and K = 4 anchors, the endpoint-only ablation at W = 8, and JAGG with rollout-velocity
@@ -262,6 +262,11 @@ all of it lies below, *not shown* otherwise. {cos_note}
 
 {pilot.strip()}
 """
+
+
+def _seeds(seeds: dict[str, int]) -> str:
+    lo, hi = (min(seeds.values()), max(seeds.values())) if seeds else (0, 0)
+    return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
 
 
 def _inside(path: str, out: str) -> bool:
