@@ -5,7 +5,8 @@ Every flow takes the profile, an optional params file and optional parameter ove
 validated by the same schema as params.yaml, with the same one-sentence errors. A flow run with overrides is a sweep
 point: its runs, checkpoints, evaluations and report go to folders of its own (``<profile>-<digest of the overrides>``),
 beside the profile's, while it shares the profile's prompt set and base model. Overrides of ``tracking.*`` and
-``resources.*`` alone (where results are logged, which devices run them) keep the profile's folders.
+``resources.*`` (where results are logged, which devices run them) are no part of the digest: alone they keep the
+profile's folders, beside others the point's; a secret is hashed redacted (``sweep_digest``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import run_name
-from jagg_core.setup.redact import redact
+from jagg_core.setup.redact import redact, redact_own
 from tasks.common import load, shown_redacted
 
 from .secrets import restore
@@ -53,9 +54,17 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
                           f"shares with its profile; add a profile to params.yaml for that.")
     params = load(profile, params_file, overrides)
     if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
-        digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        params = params.model_copy(update={"outputs": f"{params.profile}-{digest}"})
+        params = params.model_copy(update={"outputs": f"{params.profile}-{sweep_digest(overrides)}"})
     return params
+
+
+def sweep_digest(overrides: dict[str, Any]) -> str:
+    """The digest that names a sweep point's folders: of the overrides that change its results only. Those of
+    ``tracking.*`` and ``resources.*`` are left out (a thread count or a rotated password keeps the point's folders
+    and its trained runs), and the rest is hashed with its secrets redacted (a served reward's token, a URL's
+    password): no folder name is a function of a secret. A point without such overrides hashes as before."""
+    kept = {k: v for k, v in overrides.items() if not k.startswith(_NEUTRAL_SECTIONS)}
+    return hashlib.sha256(json.dumps(redact_own(kept), sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 
 @flow(name="jagg-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
-import json
 import os
 import signal
 import subprocess
@@ -155,19 +154,28 @@ def main(argv: list[str] | None = None) -> int:
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")
-    print(_speed_line(lay))
+    print(_speed_line(params, lay))
     return 0
 
 
-def _speed_line(lay) -> str:  # noqa: ANN001  (Layout)
-    """The side-by-side update speedups of the run's methods (the `speed` stage), one line."""
+def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
+    """The side-by-side update speedups of the run's methods (the `speed` stage), one line: the measurement the
+    report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`), or why none."""
+    from jagg_core.pipeline.report import read_side_by_side
+    from jagg_core.pipeline.report_pages import said
+    from jagg_core.errors import UserError
+
     try:
-        table = json.loads(lay.speed.read_text())["table"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "jagg: no side-by-side speed measurement (resources.speed_rounds 0)"
-    parts = [f"{r['method']} {r['speedup']:.2f}x" + (" (above the cost model's ideal: not a gain)"
-                                                      if r.get("above_ideal") else f" (ideal {r['ideal']:.2f}x)")
-             for r in table if "speedup" in r and r["mode"] != "exact"]
+        side, why = read_side_by_side(params, lay)
+    except UserError as e:
+        return f"jagg: no side-by-side speed measurement ({e})"
+    if side is None:
+        return f"jagg: no side-by-side speed measurement ({why or 'resources.speed_rounds 0'})"
+    parts = [f"{r['method']} {said(r.get('speedup'), 2, 'x')}" + (
+                 " (above the cost model's ideal: not a gain)" if r.get("above_ideal") else
+                 f" (ideal {said(r.get('ideal'), 2, 'x')})")
+             for r in side["table"] if "speedup" in r and r.get("mode") != "exact" and r.get("method") in
+             params.run.methods]
     return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
 
 

@@ -25,7 +25,7 @@ from .launch import die_with_parent, launch, local_context, read_context, user_e
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
     from jagg_core.evaluation.evaluate import test_prompts
-    from jagg_core.evaluation.conventions import evaluation_conventions
+    from jagg_core.evaluation.conventions import evaluation_conventions, split_named
     from jagg_core.rewards import check_rewards
     from jagg_core.pipeline.tracking import Tracker
 
@@ -37,7 +37,9 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     tracker = Tracker(params, lay.root)
     # The evaluation's conventions beside its scores: protocol, scorers (model, weights, scale), resolution, steps,
     # guidance, the per-prompt seed rule (jagg_core/evaluation/protocols.py)
-    tags = {**orchestration_tags(), **evaluation_conventions(params)}
+    # (on the validation split under eval-validation.*: the run may hold the test split's evaluation too)
+    tags = {**orchestration_tags(),
+            **{split_named(k, params.eval.split): v for k, v in evaluation_conventions(params).items()}}
     run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=tags)
     # Whatever ends the evaluation (an error, Ctrl-C, SIGTERM) ends a run it left RUNNING: FAILED or KILLED.
     with tracker.ending(run_id, only_running=True):
@@ -49,7 +51,7 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import image_grid
 
-    logger = tracker.logger(run_id)
+    logger = EvalLogger(tracker, run_id, params.eval.split)
     if params.resources.num_processes > 1:
         result = _evaluate_in_processes(params, lay, run, log)
         for point in result["curve"]:
@@ -65,6 +67,8 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
 
         prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
         for point in result["curve"]:
+            if point["step"] not in logger.new_steps:  # logged with its scores by an earlier evaluation
+                continue
             root = lay.eval_dir(run) / "steps" / f"{point['step']:06d}" / "images"
             if backbone_spec(params.model.backbone).video:  # clips: their saved frame strips, one per row
                 if prompts:
@@ -89,6 +93,39 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     log.info("%s at step %d (%s): %s", run, result["step"], params.eval.protocol,
              ", ".join(f"{k} {v:.4f}" for k, v in main.items()))
     return result
+
+
+class EvalLogger:
+    """The evaluation's MLflow logger (a :class:`~jagg_core.setup.metric_logger.MetricLogger`): its names say the
+    split (``eval/…`` on the test split, ``eval-validation/…`` on validation: ``conventions.split_named``), and each
+    point is logged once: a metric the run already holds at that step with that value is not appended again (every
+    re-evaluation appended the whole curve again). A step with nothing new logs no images either."""
+
+    def __init__(self, tracker, run_id: str, split: str):  # noqa: ANN001  (a Tracker)
+        self.logger, self.tracker, self.run_id, self.split = tracker.logger(run_id), tracker, run_id, split
+        self.new_steps: set[int] = set()  # steps at which this evaluation logged something the run did not hold
+        self._held: dict[str, set[tuple[int, float]]] = {}
+
+    def _holds(self, key: str, step: int, value: float) -> bool:
+        if key not in self._held:
+            self._held[key] = self.tracker.metric_points(self.run_id, key)
+        return (int(step), float(value)) in self._held[key]
+
+    def log_metrics(self, metrics, step: int) -> None:  # noqa: ANN001  (Mapping[str, float])
+        from jagg_core.evaluation.conventions import split_named
+
+        named = {split_named(k, self.split): v for k, v in metrics.items()}
+        new = {k: v for k, v in named.items() if v == v and not self._holds(k, step, v)}  # NaN: never logged
+        if new:
+            self.logger.log_metrics(new, step)
+            self.new_steps.add(int(step))
+            for k, v in new.items():
+                self._held[k].add((int(step), float(v)))
+
+    def log_image(self, image, key: str, step: int) -> None:  # noqa: ANN001
+        from jagg_core.evaluation.conventions import split_named
+
+        self.logger.log_image(image, split_named(key, self.split), step)
 
 
 def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict:  # noqa: ANN001

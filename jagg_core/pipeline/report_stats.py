@@ -129,6 +129,11 @@ def prompt_intervals(lay: Layout, runs: Sequence[Any], metrics: Sequence[str], p
     return out
 
 
+def _finite(x: Any) -> bool:
+    """A number that is one: not None (a null of speed.json), NaN or an infinity."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def seconds_per_iteration(runs: Sequence[Any], side_by_side: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Per method: seconds per training iteration and where they come from (module docstring)."""
     def own(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
@@ -141,7 +146,9 @@ def seconds_per_iteration(runs: Sequence[Any], side_by_side: Mapping[str, Any] |
             for rows in by_method.values() for x in rows if "time/iteration" in x]
     out = {}
     for method, rows in by_method.items():
-        measured = side_by_side and method in side_by_side.get("methods", {})
+        measured = side_by_side and method in side_by_side.get("methods", {}) and all(
+            _finite(x) for x in (side_by_side["rollout"].get("median"),
+                                 side_by_side["methods"][method]["update"].get("median")))
         if measured and rest:
             s = (side_by_side["rollout"]["median"] + side_by_side["methods"][method]["update"]["median"] +
                  statistics.fmean(rest))

@@ -201,6 +201,11 @@ class Tracker:
         """The run's metric logger; with ``buffer``, an outage of the store is buffered there, not fatal."""
         return MlflowLogger(self, run_id, buffer)
 
+    def metric_points(self, run_id: str, key: str) -> set[tuple[int, float]]:
+        """The (step, value) points of ``key`` that ``run_id`` holds (what a stage logging again must not repeat)."""
+        history = self._call(lambda: self.client.get_metric_history(run_id, key), "read a metric's history")
+        return {(int(m.step), float(m.value)) for m in history}
+
     def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         path = Path(path)
         if path.is_dir():

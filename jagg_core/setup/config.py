@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..modes import MODES, VARIANTS
 from .options import Count, Number, Section
 from .paths import inside
-from .redact import redact, remember
+from .redact import holds_secret, redact, remember
 from .registry import PluginError, backbone_names, backbone_spec, load_plugins, reward_spec
 
 __all__ = [
@@ -365,7 +365,7 @@ class TrackingConfig(Section):
         except ValueError:
             fields = [("?", "", None)]
         if any(f != "profile" or spec or conv for f, spec, conv in fields):  # `{profile:>99999999999}`: 100 GB
-            raise ValueError(f"{v[:80]!r} may hold only the placeholder {{profile}}, without a format spec")
+            raise ValueError("it may hold only the placeholder {profile}, without a format spec")
         if not v.strip() or len(v) > 200 or any(not c.isprintable() for c in v):
             raise ValueError("the experiment name must be 1 to 200 printable characters (MLflow's names)")
         return v
@@ -474,6 +474,17 @@ class Params(Section):
         """Every secret of valid params is redacted from whatever this process writes or logs later, also where a
         library quotes it without its key or URL (:func:`jagg_core.setup.redact.remember`)."""
         remember(self.model_dump(mode="json"))
+        return self
+
+    @model_validator(mode="after")
+    def _no_secret_in_names(self) -> "Params":
+        """The experiment's name is shown to everyone who opens the store, in MLflow's experiments table: it holds no
+        URL's credentials and no secret of these params. Refused, not redacted: a name with `***` would not be the
+        one given, and two passwords would name one experiment."""
+        if holds_secret(self.tracking.experiment, self.model_dump(mode="json")):
+            raise ValueError("tracking.experiment holds a secret (a URL's credentials or the value of a secret param); "
+                             "an experiment's name is shown to everyone who opens the MLflow store: name it without "
+                             "the secret")
         return self
 
     @model_validator(mode="after")

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .config import _NAME, Params, ParamsError
+from .redact import holds_secret, redact_value
 
 __all__ = ["deep_merge", "load_params", "parse_yaml"]
 
@@ -68,7 +69,9 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
         named = loc and not msg.startswith(loc)  # a typed option's sentence names its dotted path itself
         return f"{source}: {loc + ': ' if named else ''}{msg}{more}."
     if "input" in err and err["type"] != "missing":
-        shown = repr(err["input"])
+        # the value as typed, less a URL's credentials: a password with a space is no URL the free-text redaction
+        # (which ends at a space) recognises, but this input is one value
+        shown = repr(redact_value(err["input"]))
         shown = shown if len(shown) <= 100 else f"{shown[:80]}… ({len(shown):,} characters)"
         return f"{source}: {loc or 'params'} = {shown} is invalid: {msg}{more}."
     return f"{source}: {loc} is invalid: {msg}{more}."
@@ -213,6 +216,11 @@ def load_params(
     """
     path = Path(path)
     source = path.name
+    if holds_secret(str(path)):
+        # a URL's credentials (`http://alice:pw@host/params.yaml`, which a path prints as `http:/alice:…`) would be
+        # printed in every sentence about the file and stored where a flow run's parameters are (Prefect)
+        raise ParamsError(f"{redact_value(str(path))} holds a URL's credentials; a params file is a local file: save "
+                          f"it and pass its local path.")
     raw = parse_yaml(_read_params_file(path), source)
     if raw is None:  # an empty file would silently run on the code's defaults
         raise ParamsError(f"{path} is empty; a params file holds the sections (model, sample, train, ...) and "

@@ -302,3 +302,23 @@ def base_model_digest(base_model: str | os.PathLike, model_path: str | None = No
         if folder is not None and folder.is_dir():
             return folder_digest(folder)
     return None
+
+
+def finite_json(tree: Any) -> tuple[Any, int]:
+    """``tree`` with every NaN or infinity replaced by ``None`` (JSON's null), and how many were: JSON has no such
+    numbers (Python's ``json.dumps`` writes a bare ``NaN`` that other readers refuse), so a file says null and, beside
+    it, in words, what a null stands for."""
+    count = 0
+
+    def walk(x: Any) -> Any:
+        nonlocal count
+        if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+            count += 1
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(tree), count
