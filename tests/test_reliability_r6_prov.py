@@ -332,3 +332,54 @@ def test_m4_a_re_evaluation_appends_no_duplicate_eval_points(evaluated):
         assert len(steps) == len(set(steps)), f"{key}: {steps}"
     images = [a.path for a in client.list_artifacts(run_id, "images") if a.path.endswith(".png")]
     assert len([p for p in images if "/eval+step+0+" in p]) == 1, images
+
+
+# --- the issue's check: a planted password in no store, no file, no folder name ----------------------------------
+
+
+@pytest.mark.slow  # one `jagg run --profile ci` sweep point (a temporary Prefect server): ~2-3 min
+def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(ci_base, tmp_path):
+    """The password planted wherever mechanism 3 found it leaking: refused at once (the experiment's name, a params
+    path with a URL's credentials, a UI URL with a space in its password), then a whole `jagg run` sweep point with
+    it in the UI's URL (tracking.*), a served reward's URL and token (a section that changes results, so in the
+    point's digest) and a thread count beside them. No piece of it is in mlflow.db (the experiments table included),
+    Prefect's database (flow-run parameters, logs, events, artifacts), any file or folder name of the project, or
+    what was printed."""
+    from test_reliability import _files_holding
+
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    env = _prefect_env(root)
+    printed = ""
+    for args in (["--set", f"tracking.experiment=jagg-{{profile}}-{PASSWORD}",
+                  "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000"],
+                 ["--params", f"http://alice:{PASSWORD}@files.example/params.yaml"],
+                 ["--set", f"tracking.ui_url=http://alice:{PASSWORD[:6]} {PASSWORD[6:]}@127.0.0.1:5000"]):
+        refused = run_module("flows.run", "--profile", "ci", *args, root=root, env=env, timeout=300)
+        printed += refused.stdout + refused.stderr
+        assert refused.returncode == 1, printed[-3000:]
+        _one_sentence(refused.stderr.strip().splitlines()[-1])
+    served = f"{{served: {{url: 'http://alice:{PASSWORD}@127.0.0.1:9/score', token: '{PASSWORD}'}}}}"
+    out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]", "--set", "train.iterations=1",
+                     "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000",
+                     "--set", f"reward.options={served}", "--set", "resources.num_threads=1",
+                     root=root, env=env, timeout=900)
+    printed += out.stdout + out.stderr
+    assert out.returncode == 0, printed[-4000:]
+    points = [p.name for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
+    assert len(points) == 1 and (root / "reports" / points[0] / "index.html").exists(), points  # it ran, as a point
+    needles = _pieces(PASSWORD)
+    mlflow_db, prefect_db = root / "mlflow.db", root / ".prefect" / "prefect.db"
+    assert mlflow_db.exists() and prefect_db.exists(), "a store was not written: the grep would prove nothing"
+    con = sqlite3.connect(f"file:{mlflow_db}?mode=ro", uri=True)
+    try:
+        assert "jagg-ci" in [r[0] for r in con.execute("select name from experiments")]  # (and MLflow's Default)
+        assert con.execute("select count(*) from params").fetchone()[0] > 0
+    finally:
+        con.close()
+    assert _sqlite_cells_holding(mlflow_db, needles) == []
+    assert _sqlite_cells_holding(prefect_db, needles) == []
+    for needle in needles:
+        assert _files_holding(root, needle.encode()) == [], f"{needle!r} reached the project's files"
+        assert not [p for p in root.rglob("*") if needle in p.name], f"{needle!r} names a file or folder"
+        assert needle not in printed, f"{needle!r} was printed"

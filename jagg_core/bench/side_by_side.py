@@ -27,11 +27,12 @@ from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..policies.base import Policy
 from ..setup.config import Params, ResolvedMethod
 from ..setup.paths import Layout
+from ..setup.provenance import fingerprint, speed_made_from
 from ..setup.storage import read_prompts
 from ..trainer.rollout import rollout
 from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
 
-__all__ = ["ABOVE_IDEAL_TOLERANCE", "side_by_side", "speed_fingerprint", "speed_made_from", "speed_rows"]
+__all__ = ["ABOVE_IDEAL_TOLERANCE", "side_by_side", "speed_rows"]
 
 # A measured speedup above the cost model's ideal by more than this is flagged. Zero: any excess is flagged, noise
 # included (the model predicts the benchmark's rows within 0.95-1.04, docs/benchmarks.md), so that no ratio beyond
@@ -142,36 +143,10 @@ def side_by_side(params: Params, layout: Layout, methods: Sequence[str], *, poli
                            "update": _summary(samples[name]), "counts": counts[name]} for name in resolved},
     }
     result["table"] = speed_rows(result)
+    # what it timed, and its fingerprint: the report shows it only beside runs of the same settings
     made_from = speed_made_from(params, methods)
-    result["made_from"], result["fingerprint"] = made_from, speed_fingerprint(made_from)
+    result["made_from"], result["fingerprint"] = made_from, fingerprint(made_from)
     return result
-
-
-# Train settings that change how long a run goes or what it logs, not the work of one update.
-_UNTIMED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
-                  "kl_ref_every"}
-
-
-def speed_made_from(params: Params, methods: Sequence[str]) -> dict[str, Any]:
-    """What a side-by-side measurement of ``methods`` times, from params: the model, the batch (sample), the update's
-    settings (train), each method as resolved, and where it runs (device, threads, precision); secrets redacted. The
-    report shows a measurement only where this is the same for its own params (:func:`speed_fingerprint`)."""
-    from ..setup.redact import redact_own
-
-    r = params.resources
-    tree = {"model": params.model.model_dump(mode="json"), "sample": params.sample.model_dump(mode="json"),
-            "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in _UNTIMED_TRAIN},
-            "methods": {name: params.method(name).model_dump(mode="json") for name in methods},
-            "resources": {"device": r.device, "num_threads": r.num_threads, "mixed_precision": r.mixed_precision}}
-    return redact_own(tree)
-
-
-def speed_fingerprint(made_from: dict[str, Any]) -> str:
-    """The digest of :func:`speed_made_from`'s tree: what ``speed.json`` carries and the report compares."""
-    import hashlib
-    import json
-
-    return hashlib.sha256(json.dumps(made_from, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def speed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fideli
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
 from .report_stats import prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
+from ..setup.provenance import fingerprint, speed_made_from
 from ..setup.redact import flatten
 from ..setup.storage import atomic_write_text, finite_json
 
@@ -344,11 +345,9 @@ def _curve_prompts_per_style(runs: Sequence[_Run], base: dict[str, Any] | None) 
 def read_side_by_side(params: Params, lay: Layout) -> tuple[dict[str, Any] | None, str | None]:
     """The `speed` stage's measurement (``runs/<outputs>/speed.json``) if it timed every method of ``params`` at
     these params' settings, and otherwise why not, in words (None: there is none). A measurement carries the
-    fingerprint of what it timed (:func:`jagg_core.bench.side_by_side.speed_made_from`): one at another window,
+    fingerprint of what it timed (:func:`jagg_core.setup.provenance.speed_made_from`): one at another window,
     batch, model or device (`jagg speed --set jagg.window=2`), or one from before fingerprints, is not shown beside
     these runs, whatever ``resources.speed_rounds`` says."""
-    from ..bench.side_by_side import speed_fingerprint, speed_made_from
-
     if not lay.speed.is_file():
         return None, None
     try:
@@ -365,7 +364,7 @@ def read_side_by_side(params: Params, lay: Layout) -> tuple[dict[str, Any] | Non
         return None, f"{shown} did not time {', '.join(missing)}; run `jagg speed` to time every method side by side"
     mine = speed_made_from(params, params.run.methods)
     made = side.get("made_from")
-    if not isinstance(made, dict) or side.get("fingerprint") != speed_fingerprint(made):
+    if not isinstance(made, dict) or side.get("fingerprint") != fingerprint(made):
         return None, (f"{shown} does not say what it timed (written before measurements carried their settings, or "
                       f"edited); run `jagg speed` again")
     made = {**made, "methods": {m: d for m, d in (made.get("methods") or {}).items() if m in params.run.methods}}

@@ -123,8 +123,9 @@ def redact_own(tree: Any) -> Any:
 
 
 # One value that is (or holds) a URL: its userinfo runs to the value's last '@', whatever it holds (a space, a quote),
-# where free text (:data:`_URL_CREDENTIALS`) must stop at a space.
-_VALUE_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*:/+)(?P<userinfo>.*)@", re.I | re.S)
+# where free text (:data:`_URL_CREDENTIALS`) must stop at a space. A scheme has two characters or more: `C:/x@y` is a
+# drive's path.
+_VALUE_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]+:/+)(?P<userinfo>.*)@", re.I | re.S)
 
 
 def redact_value(tree: Any) -> Any:
