@@ -161,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _speed_line(lay) -> str:  # noqa: ANN001  (Layout)
     """The side-by-side update speedups of the run's methods (the `speed` stage), one line."""
-    try:
-        table = json.loads(lay.speed.read_text())["table"]
-    except (OSError, ValueError, KeyError, TypeError):
+    from jagg_core.setup.storage import read_regular
+
+    try:  # bounded and regular: a FIFO there hung `jagg run` after "done"
+        table = json.loads(read_regular(lay.speed, ValueError, limit=64 << 20))["table"]
+    except (ValueError, KeyError, TypeError):
         return "jagg: no side-by-side speed measurement (resources.speed_rounds 0)"
     parts = [f"{r['method']} {r['speedup']:.2f}x" + (" (above the cost model's ideal: not a gain)"
                                                       if r.get("above_ideal") else f" (ideal {r['ideal']:.2f}x)")

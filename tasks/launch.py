@@ -26,6 +26,7 @@ from typing import Iterator
 from jagg_core.errors import UserError
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
+from jagg_core.setup.storage import atomic_write_text, read_regular
 
 __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "launch", "outcome_file", "read_outcome",
            "user_error_class", "stop_on_signals", "local_context", "read_context",
@@ -34,11 +35,9 @@ __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "l
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
     """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
-                   "run_key": key, "restart": restart}, f)
+    # the project's one writing function: a link planted at `path` (a shared /tmp) is replaced, never written through
+    atomic_write_text(path, json.dumps({"params": params.model_dump_json(), "root": str(lay.root),
+                                        "mlflow_run": mlflow_run, "run_key": key, "restart": restart}), mode=0o600)
 
 
 def die_with_parent(sig: int) -> None:
@@ -187,13 +186,15 @@ def _write_outcome(context: str | os.PathLike | None, kind: str, cls: str, messa
     amount of output (a long traceback, accelerate's own lines) can scroll away."""
     if context is None:
         return
-    path = outcome_file(context)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"kind": kind, "class": cls, "message": message[:4000]}, f)
+    try:  # a link planted at the outcome's path is replaced, never written through (it was opened O_TRUNC through it)
+        atomic_write_text(outcome_file(context), json.dumps({"kind": kind, "class": cls, "message": message[:4000]}),
+                          mode=0o600)
     except OSError:  # a full or read-only disk: the launcher falls back to the worker's last lines
         pass
+
+
+class _NoOutcome(Exception):
+    """An outcome file that cannot be read (a FIFO, a folder, too large): no outcome, as a death leaves none."""
 
 
 def clear_outcomes(context: str | os.PathLike) -> None:
@@ -201,7 +202,8 @@ def clear_outcomes(context: str | os.PathLike) -> None:
     import glob
 
     for p in Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*"):
-        p.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def read_outcome(context: str | os.PathLike | None) -> dict | None:
@@ -214,13 +216,13 @@ def read_outcome(context: str | os.PathLike | None) -> dict | None:
         return None
     found = []
     for p in sorted(Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*")):
-        try:
-            with open(p, "rb") as f:
-                record = json.loads(f.read(_MAX_OUTCOME + 1)[:_MAX_OUTCOME])
-        except (OSError, ValueError):
+        try:  # bounded and regular: a FIFO planted there blocked the launcher for good after the last iteration
+            record = json.loads(read_regular(p, _NoOutcome, limit=_MAX_OUTCOME))
+        except (_NoOutcome, ValueError):
             record = None
         finally:
-            p.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a folder planted there is no outcome either
+                p.unlink(missing_ok=True)
         if isinstance(record, dict) and record.get("kind") in ("user", "worker") and \
                 all(isinstance(record.get(k), str) for k in ("class", "message")):
             found.append(record)

@@ -19,12 +19,15 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from ..setup.config import Params
 from ..setup.redact import flatten, redact
+from ..setup.storage import atomic_write_text
 from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
                            store_failure)
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
 log = logging.getLogger(__name__)
+
+_MAX_BUFFERED_IMAGE = 64 << 20  # a logged image (a grid of a few test images) as the buffer keeps it: a PNG of MiBs
 
 _SWEEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 
@@ -368,9 +371,9 @@ class MlflowLogger:
                                    "log metrics", retries=retries)
         else:
             if image is None:
-                from PIL import Image
-
-                image = Image.open(self.buffer.parent / record["file"])
+                image = self._buffered_image(record)
+                if image is None:  # gone, damaged or outside the buffer's folder: skipped with a warning
+                    return
             # log_image(key=..., step=...) keeps a history per key: the UI's image-grid chart compares runs by step.
             self.tracker._call(lambda: client.log_image(run_id, image, key=record["key"], step=record["step"]),
                                "log an image", retries=retries)
@@ -450,6 +453,35 @@ class MlflowLogger:
                         bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
         return records
 
+    def _buffered_image(self, record: dict) -> Any:
+        """A buffered image record's picture, or None (with one warning naming it) where its file is gone (which
+        failed every later flush and stranded the records after it), is not an image (a traceback), or lies outside
+        the buffer's images folder (an absolute path anywhere was uploaded to the run)."""
+        import io
+
+        from PIL import Image
+
+        from jagg_core.setup.storage import read_regular
+
+        folder = (self.buffer.parent / f"{self.buffer.stem}-images").resolve()
+        path = (self.buffer.parent / record["file"]).resolve()
+        if not path.is_relative_to(folder):
+            log.warning("MLflow: %s names the image %s, outside its images folder %s; skipped, not uploaded.",
+                        self.buffer, str(record["file"])[:200], folder)
+            return None
+        try:
+            data = read_regular(path, TrackingError, limit=_MAX_BUFFERED_IMAGE,
+                                fix="the image is skipped, the records after it are sent")
+            image = Image.open(io.BytesIO(data))
+            image.load()
+            return image
+        except TrackingError as e:
+            log.warning("MLflow: a buffered image of %s: %s", self.buffer, e)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            log.warning("MLflow: the buffered image %s is not an image (%s); skipped, the records after it are sent.",
+                        path, " ".join(str(e).split())[:120])
+        return None
+
     def pending(self) -> int:
         """Records waiting in the buffer for the store."""
         if self.buffer is None or not self.buffer.exists():
@@ -470,9 +502,7 @@ class MlflowLogger:
                 self._send(record, retries=retries)
             except TrackingError:
                 rest = "".join(json.dumps(r) + "\n" for r in records[i:])
-                tmp = self.buffer.with_suffix(".tmp")
-                tmp.write_text(rest, encoding="utf-8")
-                os.replace(tmp, self.buffer)
+                atomic_write_text(self.buffer, rest)  # the project's one writing function: never through a link
                 raise
         self.buffer.unlink()
         shutil.rmtree(self.buffer.parent / f"{self.buffer.stem}-images", ignore_errors=True)
