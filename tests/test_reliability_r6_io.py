@@ -112,6 +112,23 @@ def test_m1_bench_out_and_write_docs_follow_the_path_rule_before_the_benchmark(a
     assert _tree(tmp_path) == before  # no bench/ results, no ../b, no ../b.md
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--out", "../s.json"], "--out '../s.json' leads outside the project"),
+    (["--write-docs", "../p.md"], "--write-docs '../p.md' leads outside the project"),
+])
+def test_m1_smoke_out_and_write_docs_follow_the_path_rule_before_the_run(args, says, tmp_path):
+    """`jagg smoke --out` and `--write-docs` took any path (the JSON and its markdown written anywhere after the
+    run); the same rule as every path argument now, before the run."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    before = _tree(tmp_path)
+    out = run_module("tasks.smoke", "--device", "cpu", "--iterations", "2", *args, root=root, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert says in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert _tree(tmp_path) == before
+
+
 def test_m1_the_workers_outcome_and_context_files_replace_a_planted_link(tmp_path):
     """A symlink planted at `runs/ci/jagg-s9/.worker-context-*.json.outcome-<pid>` was opened O_CREAT|O_TRUNC and
     its target overwritten with the worker's outcome; the context file (params, maybe credentials) was written the
