@@ -1,0 +1,40 @@
+"""Reliability, round 6 (issue 47), mechanisms 5–7: ownership that can expire, every entry point refuses bad input in
+one sentence, small things a user sees.
+
+Each test is named after its mechanism (``test_m5_…``, ``test_m6_…``, ``test_m7_…``) and failed on the code before its
+fix; the rows of docs/reliability.md's "Round 6" section name them. Cheap probes call the library in-process or start
+one short command on the ci profile.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_module
+from jagg_core.setup.config import ParamsError
+from jagg_core.setup.params_io import load_params
+
+PARAMS = REPO / "params.yaml"
+
+
+def _one_sentence(text: str) -> str:
+    text = text.strip()
+    assert "\n" not in text and "Traceback" not in text and len(text) < 600, text
+    return text
+
+
+# --- mechanism 6: every entry point refuses bad input in one sentence ------------------------------------------------
+
+
+def test_m6_a_key_path_1200_deep_is_one_sentence(tmp_path):
+    """`--set a.a.…(1200 parts)=1` was a RecursionError traceback (validation recursed through the nested tree)."""
+    deep = ".".join(["a"] * 1200)
+    with pytest.raises(ParamsError, match="1,200 levels deep"):
+        load_params(PARAMS, "ci", {deep: 1})
+    out = run_module("tasks.plan", "--profile", "ci", "--params", str(PARAMS), "--set", f"{deep}=1", root=tmp_path)
+    assert out.returncode == 1 and _one_sentence(out.stderr).startswith("jagg: error: override a.a."), out.stderr
