@@ -38,3 +38,40 @@ def test_m6_a_key_path_1200_deep_is_one_sentence(tmp_path):
         load_params(PARAMS, "ci", {deep: 1})
     out = run_module("tasks.plan", "--profile", "ci", "--params", str(PARAMS), "--set", f"{deep}=1", root=tmp_path)
     assert out.returncode == 1 and _one_sentence(out.stderr).startswith("jagg: error: override a.a."), out.stderr
+
+
+# --- mechanism 7: small things a user sees ----------------------------------------------------------------------------
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_m7_checkpoint_folders_have_the_permissions_of_their_files(tmp_path):
+    """A checkpoint's folder was 0700 (``mkdtemp``'s) while its files were 0644: another user allowed to read the files
+    could not open the folder. Now a folder gets what any folder the process makes gets (0755 under umask 022)."""
+    import stat
+
+    import torch
+
+    from jagg_core.trainer.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "ckpts", 1, trainable={"w": torch.zeros(2)}, optimizer=None,
+                           state={"run_key": "k"})
+    mask = _umask()
+    assert stat.S_IMODE(ckpt.path.stat().st_mode) == 0o777 & ~mask
+    assert {stat.S_IMODE(f.stat().st_mode) for f in ckpt.path.iterdir()} == {0o666 & ~mask}
+
+
+def test_m7_the_base_model_folder_has_the_permissions_of_its_files(ci_base):
+    """`jagg pretrain`'s models/<profile>/base was 0700 with 0644 files inside (as a checkpoint's)."""
+    import stat
+
+    base = ci_base / "models" / "ci" / "base"
+    mask = _umask()
+    assert stat.S_IMODE(base.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((base / "card.json").stat().st_mode) == 0o666 & ~mask

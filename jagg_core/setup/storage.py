@@ -31,6 +31,7 @@ __all__ = [
     "read_prompt_list",
     "read_prompts",
     "replace_dir",
+    "temp_dir",
     "write_prompts_jsonl",
 ]
 
@@ -107,6 +108,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode())
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (for :func:`replace_dir`), with the permissions of any folder the process makes
+    (``mkdtemp`` makes 0700: a checkpoint or a base model whose files are 0644 in a folder only its owner can open)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
