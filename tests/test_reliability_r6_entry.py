@@ -75,3 +75,34 @@ def test_m7_the_base_model_folder_has_the_permissions_of_its_files(ci_base):
     mask = _umask()
     assert stat.S_IMODE(base.stat().st_mode) == 0o777 & ~mask
     assert stat.S_IMODE((base / "card.json").stat().st_mode) == 0o666 & ~mask
+
+
+def _tracker(root: Path):
+    """A real MLflow store (SQLite) under ``root`` and the ci profile's params and layout."""
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "ci")
+    return Tracker(params, root), params, Layout.of(params, root)
+
+
+def test_m7_a_damaged_pending_buffer_line_is_reported_once(tmp_path, caplog):
+    """The launcher's replay of a run's pending buffer read it twice (how many records wait, then sending them) and
+    printed "line 2 is not a whole record" twice for one cut line."""
+    import logging
+
+    from tasks.train import _replay_pending, pending_file
+
+    tracker, _, lay = _tracker(tmp_path)
+    run_id = tracker.child_run("default", "jagg-s0", method="jagg", seed=0, key="k")
+    buffer = pending_file(lay, "jagg-s0")
+    buffer.parent.mkdir(parents=True, exist_ok=True)
+    record = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
+    buffer.write_text(json.dumps(record) + "\n" + json.dumps(record)[:20] + "\n")
+    with caplog.at_level(logging.WARNING):
+        _replay_pending(tracker, run_id, lay, "jagg-s0", logging.getLogger("jagg.train"))
+    said = [r.getMessage() for r in caplog.records if "not a whole record" in r.getMessage()]
+    assert len(said) == 1, said
+    assert not buffer.exists()
+    assert [m.value for m in tracker.client.get_metric_history(run_id, "reward/mean")] == [0.5]
+    tracker.finish(run_id)

@@ -332,6 +332,7 @@ class MlflowLogger:
         self.probe_seconds = probe_seconds
         self._offline_until = 0.0
         self._offline = False
+        self._warned: tuple[int, ...] = ()  # the buffer's damaged lines already reported (pending() then flush())
 
     # -- the calls -------------------------------------------------------------------------------------------------
 
@@ -445,7 +446,8 @@ class MlflowLogger:
                 records.append(record)
             else:
                 bad.append(n)
-        if bad:
+        if bad and tuple(bad) != self._warned:
+            self._warned = tuple(bad)
             log.warning("MLflow: %s line %s is not a whole record (a write cut short?); skipped%s.", self.buffer,
                         bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
         return records
