@@ -34,9 +34,9 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, retry_only_died, stage_logger)
-from .launch import (Machine, accelerate_command, clear_outcomes, die_with_parent, error_class, launch, local_context,
-                     read_context, read_outcome, remove_stale_contexts, report_error_class, stop_on_signals, user_error,
-                     user_error_class, worker_error, write_context)
+from .launch import (Machine, accelerate_command, clear_outcomes, death, die_with_parent, error_class, launch,
+                     local_context, read_context, read_outcome, remove_stale_contexts, report_error_class,
+                     stop_on_signals, user_error, user_error_class, worker_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -135,7 +135,8 @@ def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> Tra
     own = worker_error(tail)
     if own:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
         return TrainingError(f"training run {run} failed in its worker with {own}")
-    return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+    return WorkerDied(f"training run {run} failed: {death(rc, tail)}; running it again resumes from its last complete "
+                      f"checkpoint.")
 
 
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:

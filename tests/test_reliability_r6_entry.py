@@ -106,3 +106,39 @@ def test_m7_a_damaged_pending_buffer_line_is_reported_once(tmp_path, caplog):
     assert not buffer.exists()
     assert [m.value for m in tracker.client.get_metric_history(run_id, "reward/mean")] == [0.5]
     tracker.finish(run_id)
+
+
+_ACCELERATE = """
+import os, signal, subprocess, sys
+# as accelerate's simple_launcher: its one worker (here, one that is SIGKILLed) run with check, the error re-raised
+cmd = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "--worker-context",
+       "/tmp/x/runs/ci/jagg-s0/.worker-context-1.json"]
+process = subprocess.Popen(cmd)
+process.wait()
+raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
+"""
+
+
+def test_m7_a_sigkilled_worker_is_one_plain_sentence():
+    """A SIGKILLed worker's failure relayed accelerate's last line, "subprocess.CalledProcessError: Command '[…the
+    worker's whole command…]' died with <Signals.SIGKILL: 9>.". Now the sentence says which signal, what it usually
+    means and what a rerun does; it is still a death (retried), and the command line is not in it."""
+    from collections import deque
+
+    from tasks.train import WorkerDied, _failure
+
+    out = subprocess.run([sys.executable, "-c", _ACCELERATE], capture_output=True, text=True, timeout=60)
+    tail = deque(out.stderr.splitlines(), maxlen=30)
+    assert out.returncode == 1 and "CalledProcessError" in tail[-1], out.stderr  # what accelerate leaves
+    failure = _failure("jagg-s0", out.returncode, tail)
+    assert isinstance(failure, WorkerDied)
+    text = _one_sentence(str(failure))
+    assert "SIGKILL" in text and "out of memory" in text and "resumes from its last complete checkpoint" in text, text
+    assert "CalledProcessError" not in text and "worker-context" not in text and "Command" not in text, text
+    # torchrun's report of several processes, and a worker that exited with a status of its own
+    elastic = deque(["  exitcode  : -9 (pid: 4242)", "  error_file: <N/A>",
+                     "  traceback : Signal 9 (SIGKILL) received by PID 4242", "=" * 60])
+    assert "killed by SIGKILL" in str(_failure("jagg-s0", 1, elastic))
+    exited = deque(["subprocess.CalledProcessError: Command '['python', '-m', 'tasks.train']' returned non-zero exit "
+                    "status 3."])
+    assert "exited with status 3" in str(_failure("jagg-s0", 1, exited))
