@@ -142,3 +142,23 @@ def test_m7_a_sigkilled_worker_is_one_plain_sentence():
     exited = deque(["subprocess.CalledProcessError: Command '['python', '-m', 'tasks.train']' returned non-zero exit "
                     "status 3."])
     assert "exited with status 3" in str(_failure("jagg-s0", 1, exited))
+
+
+def test_m7_a_sweep_without_the_baseline_says_why_there_is_no_speedup(tmp_path):
+    """`jagg run` of methods without the exact baseline ended with "update speedup vs the exact baseline, every method
+    timed side by side: " and nothing after it. Now it says there is no baseline and gives the seconds it has."""
+    from flows.run import _speed_line
+    from jagg_core.bench.side_by_side import speed_rows
+    from jagg_core.setup.paths import Layout
+
+    lay = Layout.of(load_params(PARAMS, "ci"), tmp_path)
+    counts = {"grad_forwards": 2, "nograd_forwards": 2, "reused_velocities": 0}
+    timed = {"update": {"median": 0.25, "q1": 0.2, "q3": 0.3}, "counts": counts}
+    result = {"methods": {"jagg": {**timed, "mode": "jagg"}, "ablate": {**timed, "mode": "ablate"}}}
+    lay.speed.parent.mkdir(parents=True, exist_ok=True)
+    lay.speed.write_text(json.dumps({"table": speed_rows(result)}))
+    line = _one_sentence(_speed_line(lay))
+    assert "no exact baseline" in line and "jagg 0.250 s" in line and not line.endswith(": "), line
+    result["methods"]["baseline"] = {**timed, "mode": "exact"}
+    lay.speed.write_text(json.dumps({"table": speed_rows(result)}))
+    assert "jagg 1.00x" in _speed_line(lay)  # with it, the speedups as before
