@@ -40,6 +40,114 @@ def test_m6_a_key_path_1200_deep_is_one_sentence(tmp_path):
     assert out.returncode == 1 and _one_sentence(out.stderr).startswith("jagg: error: override a.a."), out.stderr
 
 
+def _script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "scripts" / name), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+def _refused(out: subprocess.CompletedProcess, *words: str) -> str:
+    assert out.returncode != 0, out.stdout[-2000:]
+    text = _one_sentence(out.stderr)
+    assert all(w in text for w in words), text
+    return text
+
+
+SUMMARY = REPO / "docs" / "results" / "summary.json"  # toy-full's, as `jagg report --copy-to docs/results` wrote it
+
+
+def _page_inputs(tmp_path: Path) -> dict[str, Path]:
+    """toy-full's summary and variants of it, and report READMEs of toy-full and of ci (their first line)."""
+    s = json.loads(SUMMARY.read_text())
+    files = {"toy-full": SUMMARY}
+    (tmp_path / "cut.json").write_text(SUMMARY.read_text()[:3000])
+    files["cut"] = tmp_path / "cut.json"
+    (tmp_path / "ci.json").write_text(json.dumps({**s, "profile": "ci"}))
+    files["ci"] = tmp_path / "ci.json"
+    no_jagg = {**s, "final": [r for r in s["final"] if r["method"] != "jagg"],
+               "paired": [p for p in s["paired"] if "jagg" not in (p["a"], p["b"])]}
+    (tmp_path / "no-jagg.json").write_text(json.dumps(no_jagg))
+    files["no-jagg"] = tmp_path / "no-jagg.json"
+    for profile in ("toy-full", "ci"):
+        (tmp_path / f"{profile}.md").write_text(f"# jagg report — profile `{profile}`\n\nThe report's tables.\n")
+        files[f"{profile}.md"] = tmp_path / f"{profile}.md"
+    return files
+
+
+@pytest.mark.parametrize("summary, report, words", [
+    ("missing", "toy-full.md", ["does not exist", "jagg report --profile toy-full"]),
+    ("cut", "toy-full.md", ["is not whole JSON"]),
+    ("ci", "ci.md", ["profile 'ci'", "toy-full"]),
+    ("no-jagg", "toy-full.md", ["has no jagg result"]),
+    ("toy-full", "ci.md", ["report of profile 'ci'", "toy-full's"]),
+])
+def test_m6_results_page_refuses_a_summary_or_report_it_cannot_write_from(tmp_path, summary, report, words):
+    """scripts/results_page.py: a missing, cut or ci summary and one without jagg ended in tracebacks
+    (FileNotFoundError, JSONDecodeError, KeyError); toy-full's summary with ci's README wrote a mixed page, rc 0. Now
+    one sentence, exit 1, and no page written."""
+    files = _page_inputs(tmp_path)
+    page = tmp_path / "results.md"
+    out = _script("results_page.py", "--summary", str(files.get(summary, tmp_path / "none.json")), "--report",
+                  str(files[report]), "--wall", "1 min", "--date", "2026-01-01", "--commit", "abc", "--out", str(page),
+                  cwd=tmp_path)
+    _refused(out, *words)
+    assert not page.exists()
+
+
+def test_m6_results_page_still_writes_toy_full_s_page(tmp_path):
+    files = _page_inputs(tmp_path)
+    page = tmp_path / "results.md"
+    out = _script("results_page.py", "--summary", str(files["toy-full"]), "--report", str(files["toy-full.md"]),
+                  "--wall", "1 min", "--date", "2026-01-01", "--commit", "abc", "--out", str(page), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "**The verdict.**" in page.read_text() and "The report's tables." in page.read_text()
+
+
+def _study():
+    """scripts/jagg_fidelity_study.py as a module (in this process: torch is imported once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jagg_fidelity_study", REPO / "scripts" / "jagg_fidelity_study.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _refused_by_study(capsys, *args: str) -> str:
+    assert _study().main(list(args)) == 1
+    return _one_sentence(capsys.readouterr().err)
+
+
+def test_m6_fidelity_study_summarise_only_on_an_empty_folder_is_one_sentence(tmp_path, capsys):
+    """`scripts/jagg_fidelity_study.py --summarise-only` on an empty folder was "ValueError: min() arg is an empty
+    sequence" (a traceback). Now one sentence, exit 1, nothing written."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no readings to summarise" in _refused_by_study(capsys, "--summarise-only", "--out", str(empty))
+    assert list(empty.iterdir()) == []
+
+
+def test_m6_fidelity_study_a_cut_readings_file_is_one_sentence(tmp_path, capsys):
+    """A readings.jsonl cut in its second line was a JSONDecodeError traceback. Now one sentence naming the line, exit
+    1, the file as it was and no summary written."""
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    readings = (REPO / "docs" / "jagg_fidelity" / "readings.jsonl").read_text()
+    text = readings[: len(readings.splitlines()[0]) * 3 // 2]
+    (cut / "readings.jsonl").write_text(text)
+    said = _refused_by_study(capsys, "--summarise-only", "--out", str(cut))
+    assert "readings.jsonl line 2 is not a whole reading" in said
+    assert sorted(p.name for p in cut.iterdir()) == ["readings.jsonl"] and (cut / "readings.jsonl").read_text() == text
+
+
+def test_m6_fidelity_study_a_model_name_with_dot_dot_is_one_sentence(tmp_path, capsys):
+    """`--models 'jagg-s0/../x'` loaded the toy model, then ended in FileNotFoundError (a traceback) for the folder
+    the name led to. Now the name is refused as a run name before anything is loaded or written."""
+    fresh, work = tmp_path / "fresh", tmp_path / "work"
+    said = _refused_by_study(capsys, "--models", "base,jagg-s0/../x", "--out", str(fresh), "--work", str(work))
+    assert "'jagg-s0/../x' is not a run name" in said
+    assert not fresh.exists() and not work.exists()
+
+
 # --- mechanism 7: small things a user sees ----------------------------------------------------------------------------
 
 
