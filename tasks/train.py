@@ -175,13 +175,14 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    if not tracker.claim(mlflow_run):  # another live process trains it: this one neither trains nor ends its run
+    # Another live process trains it: this one neither trains nor ends its run. An owner that cannot be checked from
+    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart.
+    if not tracker.claim(mlflow_run, take_over=restart):
         from jagg_core.setup.storage import LockedError
 
-        raise LockedError(f"training run {run} is being trained by process {tracker.owner_of(mlflow_run)} (MLflow run "
-                          f"{mlflow_run}); wait for it to end, or stop it, then run this again.")
+        raise LockedError(tracker.held_sentence(run, mlflow_run))
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
-    with tracker.ending(mlflow_run):
+    with tracker.ending(mlflow_run), tracker.heartbeat(mlflow_run):
         from jagg_core.setup.faults import fault
 
         fault("run_created", 0)  # the reliability tests' SIGTERM in the half second after the run is created
