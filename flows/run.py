@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
     ap.add_argument("--restart", action="store_true",
-                    help="runs whose checkpoints were written with other params start over (moved aside)")
+                    help="runs whose checkpoints were written with other params start over (moved aside); MLflow "
+                         "runs left RUNNING by an owner this machine cannot check (another host's) are taken over")
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")

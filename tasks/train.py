@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the first of run.seeds)")
     ap.add_argument("--restart", action="store_true",
                     help="if the run's checkpoints were written with other params, move them aside and start over "
-                         "(without it, such a run stops and says what changed)")
+                         "(without it, such a run stops and says what changed); also take over an MLflow run left "
+                         "RUNNING by an owner this machine cannot check (another host's)")
     ap.add_argument("--worker", action="store_true",
                     help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher
