@@ -24,6 +24,7 @@ from ..setup.config import Params
 from ..setup.storage import replace_dir, temp_dir
 from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux, save_toy_flux
 from ..world import sample_training_pair, vocabulary
+from ..policies.base import PromptEmbeds
 
 __all__ = ["pretrain_toy"]
 
@@ -177,8 +178,6 @@ def _card(params: Params, losses: list[float], wall: float, transformer, text_en
 
 
 def _embeds(enc):
-    from ..policies.base import PromptEmbeds
-
     return PromptEmbeds({"prompt_embeds": enc.last_hidden_state, "pooled": enc.pooler_output})
 
 

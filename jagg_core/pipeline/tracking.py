@@ -21,6 +21,7 @@ from ..setup.config import Params
 from ..setup.redact import flatten, redact
 from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
                            store_failure)
+from jagg_core.setup.storage import read_regular
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -512,8 +513,6 @@ class MlflowLogger:
         damaged byte) is skipped with a warning naming the file and the line: the records around it still reach the
         store, and a trained run is not failed for one lost metrics line."""
         import json
-
-        from jagg_core.setup.storage import read_regular
 
         data = read_regular(self.buffer, TrackingError, fix="move it aside (the run's buffered metrics are in it)")
         records, bad = [], []
