@@ -8,7 +8,7 @@ For each model (the shipped toy base, or a run's last checkpoint), ``--rollouts`
 trainer's own code (``trainer/loop.py``'s ``_rollout`` and ``_advantages`` on a ``RunState`` of the ``toy-full``
 profile's ``jagg`` method), and the images with a non-zero advantage (the trainer's ``rows``) are cut into blocks of
 ``--per-prompt`` images of every prompt. For every image i of a block and the group's steps 0..W−1 the script takes
-the monitor's per-step losses (``trainer/update.py:make_step_fns`` with ``scale=1``, the signal ``s_j = ∂L_j/∂v_j``
+the monitor's per-step losses (``trainer/update.py:ImageSteps`` with ``scale=1``, the signal ``s_j = ∂L_j/∂v_j``
 from ``jagg._upstream``) and the parameter vectors
 
     A0 = J_0ᵀ s_0,  AW = J_{W−1}ᵀ s_{W−1}                    (the endpoints' own terms)
@@ -307,7 +307,7 @@ def reading_layouts(n_prompts: int, per: int, sizes: Sequence[int], spread: Sequ
 def measure_model(r, ctx, name: str, args, out_rows: list, log) -> None:
     from jagg_core.jagg import interpolation_weights
     from jagg_core.trainer.loop import _advantages, _rollout
-    from jagg_core.trainer.update import make_step_fns, trajectory_fidelity
+    from jagg_core.trainer.update import ImageSteps, trajectory_fidelity
 
     params_list = ctx.policy.trainable_parameters()
     w = ctx.method.window
@@ -339,7 +339,7 @@ def measure_model(r, ctx, name: str, args, out_rows: list, log) -> None:
             block = [i for p in prompts for i in by_prompt[p][b * per : (b + 1) * per]]
             comps, vgs = [], []
             for i in block:
-                fns = make_step_fns(ctx, traj, torch.tensor([i]), scored.advantages, steps, scale=1.0)
+                fns = ImageSteps(ctx, traj, torch.tensor([i]), scored.advantages, steps, scale=1.0)
                 c, vg = image_components(params_list, fns.velocity, fns.step_loss, w)
                 comps.append(c)
                 vgs.append(vg)
