@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,6 +259,37 @@ def worker_error(tail: deque) -> str | None:
     ``Class: message``, if it stopped with one (:func:`report_error_class` prints it)."""
     errors = [ln for ln in tail if ln.startswith(_WORKER_ERROR)]
     return errors[-1].removeprefix(_WORKER_ERROR) if errors else None
+
+
+# How a worker's death reaches the launcher's last lines: accelerate's own traceback ends with the CalledProcessError
+# of its one worker (the whole command line, the context file's path among it); torchrun's report (several processes)
+# names each failed rank's exit code and signal.
+_DIED_BY = re.compile(r"died with <Signals\.(SIG[A-Z0-9]+): (\d+)>|Signal (\d+) \((SIG[A-Z0-9]+)\) received by PID")
+_EXITED = re.compile(r"returned non-zero exit status (\d+)|exitcode\s*:\s*(\d+)\b")
+_SIGNAL_CAUSE = {"SIGKILL": "out of memory, or a kill -9 from outside", "SIGTERM": "stopped from outside",
+                 "SIGSEGV": "a crash", "SIGBUS": "a crash", "SIGABRT": "an abort"}
+
+
+def death(rc: int, tail: deque) -> str:
+    """How the workers ended, without an error of their own, as the end of one plain sentence: the signal that killed
+    one or the exit status it gave, read off accelerate's ``CalledProcessError`` (or torchrun's report) rather than
+    relaying that line, which is the worker's whole command."""
+    for line in reversed(tail):
+        m = _DIED_BY.search(line)
+        if m:
+            name, num = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            cause = _SIGNAL_CAUSE.get(name)
+            return f"its worker was killed by {name} (signal {num}{': ' + cause if cause else ''})"
+        m = _EXITED.search(line)
+        if m:
+            return f"its worker exited with status {m.group(1) or m.group(2)} without an error of its own"
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"its launcher (accelerate) was killed by {name}"
+    return f"its launcher (accelerate) exited with status {rc} without saying why"
 
 
 def user_error_class(name: str, default: type[UserError]) -> type[UserError]:

@@ -13,13 +13,12 @@ import hashlib
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.setup.storage import atomic_write_text, read_regular, replace_dir
+from jagg_core.setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -92,7 +91,7 @@ def install_shipped_base(dest: Path, source: Path = SHIPPED_BASE) -> None:
         except UserError:
             pass  # a damaged copy: replaced below
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
+    tmp = temp_dir(dest.parent, f".tmp-{dest.name}-")
     try:
         shutil.copytree(source, tmp, dirs_exist_ok=True)
         verify_sums(tmp)

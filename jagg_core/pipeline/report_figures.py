@@ -19,6 +19,8 @@ from ..setup.config import Params
 from ..setup.paths import Layout
 from ..setup.registry import backbone_spec
 from ..setup.storage import atomic_write_bytes
+from ..evaluation.benchmark import image_path, load_image
+from ..media import image_grid
 from .report_stats import ReportError, read_scores
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
@@ -236,9 +238,6 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
     backbone): :func:`clip_grid` of the first test prompt of each style."""
     import torch
 
-    from ..evaluation.benchmark import image_path, load_image
-    from ..media import image_grid
-
     columns: list[tuple[str, Path]] = []
     base = lay.eval_dir("base") / "metrics.json"
     if base.exists() or base.is_symlink():
@@ -278,9 +277,6 @@ def clip_grid(columns: Sequence[tuple[str, Path]], picked: Sequence[dict[str, An
 def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str = "toy_fidelity") -> Path:
     """The evaluated base model's first test images of each style, captioned with prompt and ``metric`` (a PNG)."""
     import torch
-
-    from ..evaluation.benchmark import image_path, load_image
-    from ..media import image_grid
 
     card = lay.eval_dir("base") / "metrics.json"
     if not card.exists():

@@ -38,8 +38,14 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any], _path: str =
     return out
 
 
+_MAX_KEY_DEPTH = 32  # parts of a dotted override key; the deepest params key (a plugin's options) has a few
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
+    if len(keys) > _MAX_KEY_DEPTH:  # validating a tree that deep ends in a RecursionError, not in a sentence
+        raise ParamsError(f"override {dotted[:60]}… names a key {len(keys):,} levels deep; a params key has at most "
+                          f"{_MAX_KEY_DEPTH} (e.g. train.iterations).")
     node = tree
     for k in keys[:-1]:
         node = node.setdefault(k, {})

@@ -32,6 +32,7 @@ __all__ = [
     "read_prompt_list",
     "read_prompts",
     "replace_dir",
+    "temp_dir",
     "write_prompts_jsonl",
 ]
 
@@ -124,6 +125,14 @@ def copy_file(src: str | os.PathLike, dest: str | os.PathLike, error: type[Excep
     """``src`` (read as :func:`read_regular` reads: a bounded regular file, else one ``error`` sentence) written to
     ``dest`` by :func:`atomic_write_bytes`: a link planted at ``dest`` is replaced, not written through."""
     atomic_write_bytes(dest, read_regular(src, error, limit=limit))
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (for :func:`replace_dir`), with the permissions of any folder the process makes
+    (``mkdtemp`` makes 0700: a checkpoint or a base model whose files are 0644 in a folder only its owner can open)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,7 +36,7 @@ from safetensors.torch import save as st_save
 
 from ..errors import UserError
 from ..setup.faults import fault
-from ..setup.storage import atomic_write_text, read_regular, replace_dir
+from ..setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
 from .dcp_read import dcp_tensor_metadata, read_full_tensors
 from .distributed import gather_objects, process_group
 
@@ -154,7 +153,7 @@ def save_checkpoint(
             raise CheckpointError(f"refusing to save checkpoint {iteration}: parameter {name} is not finite.")
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{iteration:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    tmp = temp_dir(root, f".tmp-{final.name}-")
     try:
         files = {"trainable.safetensors": st_save({k: v.detach().contiguous().cpu() for k, v in trainable.items()})}
         if ema is not None:
