@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
     ap.add_argument("--restart", action="store_true",
-                    help="runs whose checkpoints were written with other params start over (moved aside)")
+                    help="runs whose checkpoints were written with other params start over (moved aside); MLflow "
+                         "runs left RUNNING by an owner this machine cannot check (another host's) are taken over")
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
@@ -160,10 +161,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
     """The side-by-side update speedups of the run's methods (the `speed` stage), one line: the measurement the
-    report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`), or why none."""
+    report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`, which reads it
+    bounded and regular: a FIFO there hung `jagg run` after "done"), or why none."""
+    from jagg_core.errors import UserError
     from jagg_core.pipeline.report import read_side_by_side
     from jagg_core.pipeline.report_pages import said
-    from jagg_core.errors import UserError
 
     try:
         side, why = read_side_by_side(params, lay)
@@ -171,12 +173,18 @@ def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
         return f"jagg: no side-by-side speed measurement ({e})"
     if side is None:
         return f"jagg: no side-by-side speed measurement ({why or 'resources.speed_rounds 0'})"
+    table = [r for r in side["table"] if r.get("method") in params.run.methods]
     parts = [f"{r['method']} {said(r.get('speedup'), 2, 'x')}" + (
                  " (above the cost model's ideal: not a gain)" if r.get("above_ideal") else
                  f" (ideal {said(r.get('ideal'), 2, 'x')})")
-             for r in side["table"] if "speedup" in r and r.get("mode") != "exact" and r.get("method") in
-             params.run.methods]
-    return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+             for r in table if "speedup" in r and r.get("mode") != "exact"]
+    if parts:
+        return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+    seconds = ", ".join(f"{r['method']} {said(r.get('update_s'), 3, ' s')}" for r in table if "update_s" in r)
+    if any(r.get("mode") == "exact" for r in table):
+        return f"jagg: only the exact baseline's update was timed ({seconds}); no other method to compare with it"
+    return ("jagg: no update speedup to show: the sweep has no exact baseline (a method of mode exact) to compare "
+            f"with; update seconds, timed side by side: {seconds or 'none'}")
 
 
 if __name__ == "__main__":

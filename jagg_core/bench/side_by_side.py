@@ -28,7 +28,7 @@ from ..policies.base import Policy
 from ..setup.config import Params, ResolvedMethod
 from ..setup.paths import Layout
 from ..setup.provenance import fingerprint, speed_made_from
-from ..setup.storage import read_prompts
+from ..setup.storage import atomic_write_text, finite_json, read_prompts
 from ..trainer.rollout import rollout
 from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
 
@@ -177,8 +177,6 @@ def speed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_result(result: dict[str, Any], path: Path) -> None:
     import json
-
-    from ..setup.storage import atomic_write_text, finite_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     result, nulls = finite_json(result)  # strict JSON: a ratio with nothing to divide by is null, said in words

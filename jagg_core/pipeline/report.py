@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import UserError
 from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
 from ..setup.paths import Layout, run_name
@@ -26,10 +25,11 @@ from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fideli
                              plot_stacked_bars)
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
-from .report_stats import prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
+from .report_stats import ReportError, prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
 from ..setup.provenance import fingerprint, speed_made_from
 from ..setup.redact import flatten
 from ..setup.storage import atomic_write_text, finite_json
+from jagg_core.setup.storage import read_regular
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
            "iteration_breakdown", "kl_ref_phase", "read_curve", "read_side_by_side", "speed_table", "PHASES"]
@@ -39,14 +39,10 @@ NULL_NOTE = ("null: not a number (NaN): an interval or a spread over one seed, a
              "time that was not measured")
 
 
-class ReportError(UserError, ValueError):
-    """What the report reads is damaged or missing; the message is one sentence for the user."""
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
     """A run's ``curve.tsv``; a damaged one (not UTF-8, a row that is not numbers) is one :class:`ReportError`."""
-    from jagg_core.setup.storage import read_regular
-
     if not path.exists() and not path.is_symlink():
         return []
     data = read_regular(path, ReportError, fix="train the run again (or put the file back) before the report")
@@ -70,8 +66,6 @@ def read_curve(path: Path) -> list[dict[str, float]]:
 
 def read_eval(path: Path) -> dict[str, Any] | None:
     """An evaluation's ``metrics.json`` (None where there is none); a damaged one is one :class:`ReportError`."""
-    from jagg_core.setup.storage import read_regular
-
     if not path.exists() and not path.is_symlink():
         return None
     again = f"run `jagg evaluate --run {path.parent.name}` again to rewrite it"
@@ -348,11 +342,13 @@ def read_side_by_side(params: Params, lay: Layout) -> tuple[dict[str, Any] | Non
     fingerprint of what it timed (:func:`jagg_core.setup.provenance.speed_made_from`): one at another window,
     batch, model or device (`jagg speed --set jagg.window=2`), or one from before fingerprints, is not shown beside
     these runs, whatever ``resources.speed_rounds`` says."""
-    if not lay.speed.is_file():
+    if not lay.speed.exists() and not lay.speed.is_symlink():
         return None, None
+    again = "run `jagg speed` again to rewrite it"
+    data = read_regular(lay.speed, ReportError, limit=64 << 20, fix=again)  # a FIFO there: one sentence, no hang
     try:
-        side = json.loads(lay.speed.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        side = json.loads(data.decode("utf-8"))
+    except ValueError as e:
         raise ReportError(f"{lay.speed} cannot be read as JSON ({type(e).__name__}); run `jagg speed` again to "
                           f"rewrite it.") from None
     if not isinstance(side, dict) or not isinstance(side.get("methods"), dict) or not isinstance(side.get("table"),
