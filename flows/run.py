@@ -22,6 +22,8 @@ from tasks.launch import die_with_parent, stop_on_signals
 
 from .reproduce import flow_params, reproduce
 from .secrets import withhold
+from jagg_core.errors import UserError
+from jagg_core.pipeline.report_pages import said
 
 
 @contextlib.contextmanager
@@ -163,9 +165,7 @@ def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
     """The side-by-side update speedups of the run's methods (the `speed` stage), one line: the measurement the
     report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`, which reads it
     bounded and regular: a FIFO there hung `jagg run` after "done"), or why none."""
-    from jagg_core.errors import UserError
     from jagg_core.pipeline.report import read_side_by_side
-    from jagg_core.pipeline.report_pages import said
 
     try:
         side, why = read_side_by_side(params, lay)

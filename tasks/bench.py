@@ -24,6 +24,8 @@ from jagg_core.setup.config import Params
 
 from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.paths import inside
 
 __all__ = ["bench", "main", "parse_list"]
 
@@ -40,8 +42,6 @@ def parse_list(flag: str, text: str, kind: type, example: str) -> tuple:
 
 
 def _tracker(params: Params, root: Path):
-    from jagg_core.pipeline.tracking import Tracker
-
     tracking = params.tracking.model_copy(update={"experiment": EXPERIMENT})
     return Tracker(params.model_copy(update={"tracking": tracking}), root)
 
@@ -96,7 +96,6 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     # Every path argument follows the project's one rule (inside the project, a folder or a file as it names),
     # checked before the work: `--out ../b --write-docs ../b.md` wrote outside the project, and `--write-docs docs`
     # (a folder) was an IsADirectoryError after the whole benchmark had run.
-    from jagg_core.setup.paths import inside
 
     out_dir = inside(root, out, "--out", kind="dir")
     docs = inside(root, write_docs, "--write-docs", kind="file") if write_docs else None

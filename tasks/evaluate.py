@@ -19,15 +19,18 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
+from .launch import die_with_parent, launch, local_context, read_context, stop_on_signals, user_error, write_context
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.registry import backbone_spec
+from jagg_core.evaluation import EvalError
+from jagg_core.evaluation.conventions import evaluation_conventions, split_named
+from jagg_core.setup.storage import read_score_records
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
     from jagg_core.evaluation.evaluate import test_prompts
-    from jagg_core.evaluation.conventions import evaluation_conventions, split_named
     from jagg_core.rewards import check_rewards
-    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
@@ -63,7 +66,6 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     if n:
         from jagg_core.evaluation.benchmark import image_path, load_image
         from jagg_core.evaluation.clip_layout import strip_path, strips_grid
-        from jagg_core.setup.registry import backbone_spec
 
         prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
         for point in result["curve"]:
@@ -112,7 +114,6 @@ class EvalLogger:
         return (int(step), float(value)) in self._held[key]
 
     def log_metrics(self, metrics, step: int) -> None:  # noqa: ANN001  (Mapping[str, float])
-        from jagg_core.evaluation.conventions import split_named
 
         named = {split_named(k, self.split): v for k, v in metrics.items()}
         new = {k: v for k, v in named.items() if v == v and not self._holds(k, step, v)}  # NaN: never logged
@@ -123,15 +124,12 @@ class EvalLogger:
                 self._held[k].add((int(step), float(v)))
 
     def log_image(self, image, key: str, step: int) -> None:  # noqa: ANN001
-        from jagg_core.evaluation.conventions import split_named
 
         self.logger.log_image(image, split_named(key, self.split), step)
 
 
 def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict:  # noqa: ANN001
     """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
-    from jagg_core.evaluation.evaluate import EvalError
-
     context = local_context(f"evaluate-{run}")  # written 0600: params may hold credentials
     n = params.resources.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
@@ -164,9 +162,6 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
 
 
 def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, list[str]]:
-    from jagg_core.evaluation.benchmark import read_score_records
-    from jagg_core.evaluation.evaluate import EvalError
-
     out = {}
     path = (lay.root / result["images"]).parent / "scores.jsonl"
     for row in read_score_records(path, EvalError, fix=f"run `jagg evaluate --run {result.get('run', 'RUN')}` again"):
@@ -197,7 +192,6 @@ def main(argv: list[str] | None = None) -> int:
         _worker(params, lay, args.run)
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    from .launch import stop_on_signals
 
     stop_on_signals()  # SIGTERM as Ctrl-C: the MLflow run ends KILLED, worker groups stop (tasks/launch.py)
     if args.run != "base":

@@ -12,12 +12,14 @@ from jagg_core.setup.redact import redact
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      stage_logger)
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.storage import copy_file
+from jagg_core.pipeline.report_stats import ReportError
 
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
     from jagg_core.pipeline.report import build_report
-    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("report")
     summary = build_report(params, lay)
@@ -123,9 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     lay = layout(params)
     summary = report(params, lay, sweep=args.sweep)
     if dest is not None:
-        from jagg_core.pipeline.report import ReportError
-        from jagg_core.setup.storage import copy_file
-
         # each file through the project's one writing function: a link planted in the folder (a symlinked
         # dest/summary.json) is replaced, never written through (the path rule checks the folder only)
         for name in ["summary.json", *summary["figures"].values()]:

@@ -29,7 +29,6 @@ import torch
 
 from ..build import pick_device, policy_from_params
 from ..setup.config import Params
-from ..errors import UserError
 from ..setup.paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
@@ -40,16 +39,13 @@ from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_di
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
+from . import EvalError
 from .conventions import evaluation_conventions
 from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
 from ..rewards import loaded_rewards, make_metric, rewards_off_device
 from ..world import parse_prompt, render, scene_for_prompt, shown_prompt
 
 __all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
-
-
-class EvalError(UserError, RuntimeError):
-    """Evaluation cannot run; the message is for the user."""
 
 
 @dataclass(frozen=True)

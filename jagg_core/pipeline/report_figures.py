@@ -18,7 +18,7 @@ from ..evaluation.clip_layout import strip_path, strips_grid
 from ..setup.config import Params
 from ..setup.paths import Layout
 from ..setup.registry import backbone_spec
-from ..setup.storage import atomic_write_bytes
+from ..setup.storage import atomic_write_bytes, read_regular
 from ..evaluation.benchmark import image_path, load_image
 from ..media import image_grid
 from .report_stats import ReportError, read_scores
@@ -220,8 +220,6 @@ def plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
 
 def _images_of(card: Path) -> str:
     """The images folder an evaluation's ``metrics.json`` names (project-relative), read bounded and checked."""
-    from ..setup.storage import read_regular
-
     again = f"run `jagg evaluate --run {card.parent.name}` again to rewrite it"
     data = read_regular(card, ReportError, fix=again)
     try:

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..setup.paths import Layout
+from ..setup.storage import read_score_records
 
 __all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "ReportError", "prompt_intervals", "read_scores",
            "seconds_per_iteration", "t_interval", "time_to_target", "verdict"]
@@ -38,8 +39,6 @@ def read_scores(path: Path) -> list[dict[str, Any]] | None:
     """An evaluation step's per-image scores (``eval/<outputs>/<run>/steps/<step>/scores.jsonl``), None where there
     are none; a file that is not a whole scores file (a FIFO, a link to a device, a folder, cut short) is one
     :class:`ReportError` sentence."""
-    from ..evaluation.benchmark import read_score_records
-
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         return None
