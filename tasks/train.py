@@ -153,11 +153,12 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
-              restart: bool = False, machine: Machine | None = None) -> dict:
+              restart: bool = False, machine: Machine | None = None, take_over: bool = False) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics.
 
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
-    keeps the MLflow run; the others only take their share of the training.
+    keeps the MLflow run; the others only take their share of the training. ``take_over``: the run's MLflow run may
+    be left RUNNING by a process of another host that crashed (a pool-dispatched unit resubmitted): take it.
     """
     from jagg_core.build import check_model_files
     from jagg_core.pipeline.tracking import Tracker
@@ -174,7 +175,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    if not tracker.claim(mlflow_run):  # another live process trains it: this one neither trains nor ends its run
+    if not tracker.claim(mlflow_run, take_over=take_over):  # another live process trains it: this one neither trains nor ends its run
         from jagg_core.setup.storage import LockedError
 
         raise LockedError(f"training run {run} is being trained by process {tracker.owner_of(mlflow_run)} (MLflow run "
@@ -266,9 +267,10 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
     return retry_only_died(task, task_run, state)
 
 
-def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
+def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False,
+                take_over: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
-    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
+    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart, take_over=take_over)
 
 
 

@@ -336,7 +336,8 @@ def test_every_prefect_deployment_names_a_profile_that_validates():
     import yaml
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments}
+    # (a pool-dispatched sweep's units, flows/pool.py, take their profile from the sweep that submits them)
+    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments if "parameters" in d}
     assert profiles["wan"] == "wan"
     for profile in set(profiles.values()):
         assert load_params(REPO / "params.yaml", profile).profile == profile

@@ -238,14 +238,17 @@ class Tracker:
         owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG)
         return owner is None or owner == owner_id()
 
-    def claim(self, run_id: str) -> bool:
+    def claim(self, run_id: str, *, take_over: bool = False) -> bool:
         """Make this process the owner of ``run_id`` (RUNNING, tagged with this process) unless another live process
-        runs it; returns whether it did. A run whose owner is gone is taken over."""
+        runs it; returns whether it did. A run whose owner is gone is taken over; with ``take_over`` (the orchestrator
+        saw that owner crash: a pool-dispatched unit resubmitted, ``flows/pool.py``) also one whose owner is a process
+        of another host, which this one cannot see."""
         from mlflow.entities import RunStatus
 
         run = self._call(lambda: self.client.get_run(run_id), "read a run")
         owner = run.data.tags.get(OWNER_TAG)
-        if run.info.status == "RUNNING" and owner not in (None, owner_id()) and owner_alive(owner) is not False:
+        alive = owner_alive(owner) if owner not in (None, owner_id()) else False
+        if run.info.status == "RUNNING" and (alive is True or (alive is None and not take_over)):
             return False
         self.set_tags(run_id, {OWNER_TAG: owner_id()})
         if run.info.status != "RUNNING":
