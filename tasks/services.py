@@ -44,10 +44,20 @@ def _env(api_url: str | None = None) -> dict[str, str]:
 
 
 def _api(api: str, path: str, body: dict) -> Any:
-    req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read() or b"null")
+    """POST to the Prefect server's REST API; a 503 (its database busy, "retry") is retried as Prefect's client does."""
+    import urllib.error
+
+    for attempt in range(6):
+        req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 5:
+                raise
+            time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
 
 
 def crash_automation(api: str, crash_after: float = CRASH_AFTER_S) -> None:
@@ -258,6 +268,8 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
         urls["mlflow_ui"] = f"http://{host}:{mlflow_port}"
+        _write_pids(pids)
+        _wait_http(f"{urls['mlflow_ui']}/health", 120, "the MLflow server")  # a sweep logs to it at once
     _write_pids(pids)
     return urls
 

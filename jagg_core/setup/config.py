@@ -511,6 +511,10 @@ class Params(Section):
             raise ValueError(f"resources.dispatch = pool needs tracking.mlflow_uri to be an MLflow server every worker "
                              f"reaches (e.g. http://<head host>:5000), not {self.tracking.mlflow_uri!r}, a file each "
                              f"host would read on its own")
+        if self.resources.dispatch == "pool" and self.resources.num_machines > 1:
+            raise ValueError(f"resources.dispatch = pool runs each training on the one machine of the worker that takes "
+                             f"it; a run over resources.num_machines = {self.resources.num_machines} machines is "
+                             f"started on each machine by hand (`jagg train --machine-rank`, docs/scaling.md)")
         if self.eval.split == "validation" and not (self.is_toy and self.world.n_validation_per_style):
             raise ValueError("eval.split = validation needs the toy world's validation split (world.n_validation_per_style "
                              "> 0); a real profile names its own held-out prompts in eval.benchmark")
