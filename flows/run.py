@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
     ap.add_argument("--restart", action="store_true",
-                    help="runs whose checkpoints were written with other params start over (moved aside)")
+                    help="runs whose checkpoints were written with other params start over (moved aside); MLflow "
+                         "runs left RUNNING by an owner this machine cannot check (another host's) are taken over")
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
@@ -165,14 +166,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _speed_line(lay) -> str:  # noqa: ANN001  (Layout)
     """The side-by-side update speedups of the run's methods (the `speed` stage), one line."""
-    try:
-        table = json.loads(lay.speed.read_text())["table"]
-    except (OSError, ValueError, KeyError, TypeError):
+    from jagg_core.setup.storage import read_regular
+
+    try:  # bounded and regular: a FIFO there hung `jagg run` after "done"
+        table = json.loads(read_regular(lay.speed, ValueError, limit=64 << 20))["table"]
+    except (ValueError, KeyError, TypeError):
         return "jagg: no side-by-side speed measurement (resources.speed_rounds 0)"
     parts = [f"{r['method']} {r['speedup']:.2f}x" + (" (above the cost model's ideal: not a gain)"
                                                       if r.get("above_ideal") else f" (ideal {r['ideal']:.2f}x)")
              for r in table if "speedup" in r and r["mode"] != "exact"]
-    return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+    if parts:
+        return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+    seconds = ", ".join(f"{r['method']} {r['update_s']:.3f} s" for r in table if "update_s" in r)
+    if any(r.get("mode") == "exact" for r in table):
+        return f"jagg: only the exact baseline's update was timed ({seconds}); no other method to compare with it"
+    return ("jagg: no update speedup to show: the sweep has no exact baseline (a method of mode exact) to compare "
+            f"with; update seconds, timed side by side: {seconds or 'none'}")
 
 
 if __name__ == "__main__":

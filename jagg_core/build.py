@@ -7,6 +7,9 @@ import torch
 from .setup.config import Params, ParamsError
 from .setup.paths import Layout
 from .setup.registry import backbone_spec
+from .policies import load_policy
+from .policies.diffusers_common import check_model_dir, resolve_model_dir
+from .rewards import make_weighted_reward
 
 __all__ = ["DTYPES", "check_model_files", "pick_device", "policy_from_params", "reward_from_params"]
 
@@ -23,8 +26,6 @@ def pick_device(params: Params) -> torch.device:
 
 def policy_from_params(params: Params, layout: Layout, device: torch.device):
     """The policy of ``params.model`` (the toy base model defaults to the pretrain stage's output)."""
-    from .policies import load_policy
-
     options = dict(params.model.options)
     lora = params.model.lora
     if lora.rank > 0:
@@ -42,13 +43,10 @@ def check_model_files(params: Params, layout: Layout) -> None:
     if spec.check_files is not None:
         spec.check_files(path)
         return
-    from .policies.diffusers_common import check_model_dir, resolve_model_dir
 
     check_model_dir(resolve_model_dir(path, hub_id=spec.hub_id), spec.components, hub_id=spec.hub_id)
 
 
 def reward_from_params(params: Params):
     """The weighted training reward of ``params.reward``."""
-    from .rewards import make_weighted_reward
-
     return make_weighted_reward(params.reward.weights, params.reward.options, frames=params.reward.frames)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
 
@@ -37,12 +37,14 @@ __all__ = [
     "VARIANTS",
     "Group",
     "GroupStats",
+    "GroupSteps",
     "anchor_positions",
     "anchor_weights",
     "interpolation_weights",
     "aggregate_upstream",
     "plan_groups",
     "group_backward",
+    "run_group",
 ]
 
 
@@ -263,6 +265,29 @@ def group_backward(
     run.stats.extras = {k: sum(x) / len(x) for k, x in run.extras.items()}
     return run.stats
 
+
+
+class GroupSteps(Protocol):
+    """One group's stored steps as one object: what :func:`run_group` hands to :func:`group_backward`.
+
+    ``velocity`` and ``step_loss`` are required (:func:`group_backward`'s two callables); ``middle_velocity``,
+    ``velocity_batch`` and ``before_backward`` are optional members, used where the object has them (not None).
+    """
+
+    def velocity(self, j: int) -> torch.Tensor: ...
+
+    def step_loss(self, j: int, v: torch.Tensor) -> "torch.Tensor | tuple[torch.Tensor, Mapping[str, float]]": ...
+
+
+def run_group(steps: GroupSteps, t: torch.Tensor | Sequence[float], mode: str, variant: str = "joint", *,
+              anchors: int = 2) -> GroupStats:
+    """:func:`group_backward` of the group ``steps`` holds: its two callables and the optional ones it has."""
+    return group_backward(
+        steps.velocity, steps.step_loss, t, mode, variant, anchors=anchors,
+        middle_velocity=getattr(steps, "middle_velocity", None),
+        velocity_batch=getattr(steps, "velocity_batch", None),
+        before_backward=getattr(steps, "before_backward", None),
+    )
 
 @dataclass
 class _GroupRun:

@@ -43,7 +43,7 @@ from jagg_core.setup.paths import Layout  # noqa: E402
 from jagg_core.trainer.distributed import NoSync  # noqa: E402
 from jagg_core.setup.storage import read_prompts  # noqa: E402
 from jagg_core.trainer.rollout import rollout  # noqa: E402
-from jagg_core.trainer.update import UpdateContext, accumulate_gradients, make_step_fns  # noqa: E402
+from jagg_core.trainer.update import ImageSteps, UpdateContext, accumulate_gradients  # noqa: E402
 
 
 def _setup(overrides):
@@ -169,7 +169,7 @@ def kl(args) -> dict:
         with torch.no_grad():
             per_step = {}
             for step in traj.train_steps:
-                fns = make_step_fns(UpdateContext(policy, params.method("baseline"), params.sample, params.train),
+                fns = ImageSteps(UpdateContext(policy, params.method("baseline"), params.sample, params.train),
                                     traj, rows, adv, [step], scale=1.0)
                 from jagg_core.sde import sde_step_with_logprob
 

@@ -93,9 +93,14 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     cfg.validate()
     log = stage_logger("bench")
     root = Path(root)
-    if main_job:  # a report folder inside the project (one rule for path arguments), read before the work
-        from jagg_core.setup.paths import inside
+    # Every path argument follows the project's one rule (inside the project, a folder or a file as it names),
+    # checked before the work: `--out ../b --write-docs ../b.md` wrote outside the project, and `--write-docs docs`
+    # (a folder) was an IsADirectoryError after the whole benchmark had run.
+    from jagg_core.setup.paths import inside
 
+    out_dir = inside(root, out, "--out", kind="dir")
+    docs = inside(root, write_docs, "--write-docs", kind="file") if write_docs else None
+    if main_job:  # a report folder inside the project, read before the work
         inside(root, main_job, "--main-job", kind="dir")
     job = {**read_main_job(root / main_job), "label": str(main_job)} if main_job else None  # fails before the work
     device = str(pick_device(params))
@@ -105,14 +110,14 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     results, paths = [], []
     for spec in specs:
         result = run_bench(spec, cfg, progress=log.info if progress else None)
-        path = save_result(result, root / out)
+        path = save_result(result, out_dir)
         log.info("bench %s: %s", spec.name, path)
         if tracker is not None:
             _log_mlflow(tracker, result, path, sweep)
         results.append(result)
         paths.append(path)
-    if write_docs:
-        log.info("bench: %s", write_markdown(results, root / write_docs, main_job=job))
+    if docs is not None:
+        log.info("bench: %s", write_markdown(results, docs, main_job=job))
     return paths
 
 

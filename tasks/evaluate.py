@@ -127,11 +127,12 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
 
 
 def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, list[str]]:
-    import json
+    from jagg_core.evaluation.benchmark import read_score_records
+    from jagg_core.evaluation.evaluate import EvalError
 
     out = {}
-    for line in (lay.root / result["images"]).parent.joinpath("scores.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    path = (lay.root / result["images"]).parent / "scores.jsonl"
+    for row in read_score_records(path, EvalError, fix=f"run `jagg evaluate --run {result.get('run', 'RUN')}` again"):
         if row["index"] < per_style:
             out.setdefault(row["style"], []).append(row["prompt"])
     return out

@@ -34,9 +34,9 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, retry_only_died, stage_logger)
-from .launch import (Machine, accelerate_command, clear_outcomes, die_with_parent, error_class, launch, local_context,
-                     read_context, read_outcome, remove_stale_contexts, report_error_class, stop_on_signals, user_error,
-                     user_error_class, worker_error, write_context)
+from .launch import (Machine, accelerate_command, clear_outcomes, death, die_with_parent, error_class, launch,
+                     local_context, read_context, read_outcome, remove_stale_contexts, report_error_class,
+                     stop_on_signals, user_error, user_error_class, worker_error, write_context)
 
 
 class WorkerDied(TrainingError):
@@ -135,7 +135,8 @@ def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> Tra
     own = worker_error(tail)
     if own:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
         return TrainingError(f"training run {run} failed in its worker with {own}")
-    return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+    return WorkerDied(f"training run {run} failed: {death(rc, tail)}; running it again resumes from its last complete "
+                      f"checkpoint.")
 
 
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
@@ -175,13 +176,15 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    if not tracker.claim(mlflow_run, take_over=take_over):  # another live process trains it: this one neither trains nor ends its run
+    # Another live process trains it: this one neither trains nor ends its run. An owner that cannot be checked from
+    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart or ``take_over`` (a
+    # pool-dispatched unit submitted again after Prefect saw its flow run crash: flows/pool.py).
+    if not tracker.claim(mlflow_run, take_over=restart or take_over):
         from jagg_core.setup.storage import LockedError
 
-        raise LockedError(f"training run {run} is being trained by process {tracker.owner_of(mlflow_run)} (MLflow run "
-                          f"{mlflow_run}); wait for it to end, or stop it, then run this again.")
+        raise LockedError(tracker.held_sentence(run, mlflow_run))
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
-    with tracker.ending(mlflow_run):
+    with tracker.ending(mlflow_run), tracker.heartbeat(mlflow_run):
         from jagg_core.setup.faults import fault
 
         fault("run_created", 0)  # the reliability tests' SIGTERM in the half second after the run is created
@@ -284,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the first of run.seeds)")
     ap.add_argument("--restart", action="store_true",
                     help="if the run's checkpoints were written with other params, move them aside and start over "
-                         "(without it, such a run stops and says what changed)")
+                         "(without it, such a run stops and says what changed); also take over an MLflow run left "
+                         "RUNNING by an owner this machine cannot check (another host's)")
     ap.add_argument("--worker", action="store_true",
                     help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher

@@ -423,7 +423,7 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
     the rollout the ratio is not 1 (the test can fail)."""
     from jagg_core.setup.config import ResolvedMethod, SampleConfig, TrainConfig
     from jagg_core.trainer.rollout import rollout
-    from jagg_core.trainer.update import UpdateContext, make_step_fns
+    from jagg_core.trainer.update import ImageSteps, UpdateContext
 
     policy = load(tiny_dir, "flux")
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -435,7 +435,7 @@ def test_bf16_rollout_and_update_agree_exactly_at_the_first_step(tiny_dir):
         assert stats.extras["approx_kl"] and all(x == 0.0 for x in stats.extras["approx_kl"]), (name, reuse)
         assert all(x == 0.0 for x in stats.extras["clipfrac"]), (name, reuse)
     ctx = UpdateContext(policy, ResolvedMethod(name="exact", mode="exact"), cfg, TrainConfig(), autocast=bf16)
-    fns = make_step_fns(ctx, traj, torch.arange(4), torch.ones(4), traj.train_steps, scale=1.0)
+    fns = ImageSteps(ctx, traj, torch.arange(4), torch.ones(4), traj.train_steps, scale=1.0)
     with torch.no_grad():
         for j, step in enumerate(traj.train_steps):
             assert torch.equal(fns.velocity(j), traj.velocities[step]), step

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .models import ModelSpec, bench_method, build_policy, fits, make_experience, run_update, update_groups, zero_grads
+from ..trainer.distributed import AllReduceSync, Fsdp2Sync, shard_transformer
 
 __all__ = ["CollectiveCounter", "measure_comm", "ALLREDUCE_VARIANTS", "FSDP_VARIANTS"]
 
@@ -82,8 +83,6 @@ class CollectiveCounter:
 def _worker(rank: int, job: dict, folder: str) -> None:
     """One of the 2 processes: same model, same experience, same collectives; rank 0 writes the result."""
     from torch.distributed.fsdp import FSDPModule
-
-    from ..trainer.distributed import AllReduceSync, Fsdp2Sync, shard_transformer
 
     # Flux returns its output as a view; FSDP2 warns in case it is modified in place, which nothing here does.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")

@@ -22,6 +22,11 @@ from ..policies.base import Policy
 from ..trainer.distributed import GradSync, NoSync
 from ..trainer.rollout import Trajectory, rollout
 from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
+from ..build import policy_from_params
+from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux
+from ..setup.params_io import load_params
+from ..setup.paths import Layout
+from ..world import FAMILIES, sample_prompt, vocabulary
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -108,15 +113,9 @@ def profile_spec(params: Params, *, device: str, params_path: str | Path, root: 
 def build_policy(spec: ModelSpec) -> Policy:
     """A fresh policy: random weights for the built-ins (speed does not depend on training), real ones for a profile."""
     if spec.kind == "profile":
-        from ..build import policy_from_params
-        from ..setup.params_io import load_params
-        from ..setup.paths import Layout
-
         params = load_params(spec.params_path, spec.profile)
         return policy_from_params(params, Layout.of(params, Path(spec.root).resolve()),
                                   torch.device(spec.device))
-    from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux
-    from ..world import vocabulary
 
     # Velocity prediction and no CFG: the x0 skip connection would divide random outputs by small sigmas, and CFG
     # would double every batch; neither changes what is compared.
@@ -145,8 +144,6 @@ class Experience:
 def make_experience(policy: Policy, spec: ModelSpec, *, steps: int, batch: int, seed: int) -> Experience:
     """A real SDE rollout of ``batch`` images (random world prompts, 2 images each) over ``steps`` steps, with the
     rollout velocities kept (for the reuse variant) and random nonzero advantages."""
-    from ..world import FAMILIES, sample_prompt
-
     rng = np.random.default_rng(seed)
     n_prompts = math.ceil(batch / 2)
     prompts = [sample_prompt(rng, FAMILIES[i % len(FAMILIES)]) for i in range(n_prompts)]

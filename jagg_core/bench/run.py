@@ -23,6 +23,9 @@ import torch
 from .models import BenchError, ModelSpec, bench_method, build_policy, fits, make_experience
 from .timing import (call_cost, call_cost_model, fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup,
                      time_cells)
+from .comm import measure_comm
+from .memory import measure_memory
+from ..setup.storage import atomic_write_text
 
 __all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VARIANTS", "SCHEMA"]
 
@@ -213,8 +216,6 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
 
     memory: dict = {"skipped": "--no-memory"}
     if cfg.memory:
-        from .memory import measure_memory
-
         names = [n for n in (*MEMORY_VARIANTS, *(f"jagg-k{k}" for k in cfg.anchors if k > 2))
                  if fits(n, w_max)]
         say(f"{spec.name}: peak memory, one process per variant ({len(names)})")
@@ -229,8 +230,6 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
         comm = {"skipped": "measured on the built-in models only (two CPU processes cannot hold a real backbone); "
                            "the counts do not depend on the model"}
     elif cfg.comm:
-        from .comm import measure_comm
-
         say(f"{spec.name}: communication, 2 gloo processes")
         comm = measure_comm(spec, windows=list(cfg.windows), steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
                             threads=max(1, cfg.threads // 2))
@@ -255,8 +254,6 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
 
 def save_result(result: dict, out_dir: str | Path) -> Path:
     """``<out_dir>/<timestamp>-<model>.json`` (written atomically)."""
-    from ..setup.storage import atomic_write_text
-
     stamp = _dt.datetime.fromisoformat(result["created"]).strftime("%Y%m%dT%H%M%S")
     path = Path(out_dir) / f"{stamp}-{result['model']['name']}.json"
     atomic_write_text(path, json.dumps(result, indent=1) + "\n")

@@ -27,7 +27,7 @@ from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..policies.base import Policy
 from ..setup.config import Params, ResolvedMethod
 from ..setup.paths import Layout
-from ..setup.storage import read_prompts
+from ..setup.storage import atomic_write_text, read_prompts
 from ..trainer.rollout import rollout
 from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
 
@@ -171,8 +171,6 @@ def speed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def write_result(result: dict[str, Any], path: Path) -> None:
     import json
-
-    from ..setup.storage import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(result, indent=2) + "\n")

@@ -24,7 +24,7 @@ from ..jagg import Group
 from ..cost import group_forwards, update_cost
 from ..policies.base import Policy
 from ..trainer.rollout import rollout
-from ..trainer.update import UpdateContext, UpdateStats, make_step_fns, trajectory_fidelity
+from ..trainer.update import ImageSteps, UpdateContext, UpdateStats, trajectory_fidelity
 from .models import Experience, bench_method, fits, run_update, update_groups, zero_grads
 
 __all__ = ["Cell", "plan_cells", "summarize", "time_cells", "ideal_cost", "call_cost", "call_cost_model",
@@ -144,8 +144,8 @@ class _CellTimer:
         step = exp.traj.train_steps[len(exp.traj.train_steps) // 2]
         # the primitives' forwards: the policy alone (the method only matters to the update, not to a forward)
         ctx = UpdateContext(policy, bench_method("exact", 2), exp.sample, exp.train, autocast=contextlib.nullcontext)
-        self.velocity = make_step_fns(ctx, exp.traj, exp.rows, exp.advantages, [step], scale=1.0).velocity
-        self.velocity_batch = make_step_fns(ctx, exp.traj, exp.rows, exp.advantages, exp.traj.train_steps[:n_batched],
+        self.velocity = ImageSteps(ctx, exp.traj, exp.rows, exp.advantages, [step], scale=1.0).velocity
+        self.velocity_batch = ImageSteps(ctx, exp.traj, exp.rows, exp.advantages, exp.traj.train_steps[:n_batched],
                                             scale=1.0).velocity_batch
         # lr 1e-12 on zero gradients: the step costs what it costs and changes nothing
         self.optimizer = torch.optim.AdamW(list(policy.trainable_parameters()), lr=1e-12, weight_decay=0.0)

@@ -47,6 +47,7 @@ __all__ = [
     "PromptFileError",
     "load_hps_benchmark",
     "score_image_folder",
+    "read_score_records",
     "score_records",
     "summarize_scores",
 ]
@@ -254,6 +255,37 @@ def score_records(
         for style, prompts in prompts_by_style.items()
         for i, prompt in enumerate(prompts)
     ]
+
+
+def read_score_records(path: str | Path, error: type[Exception], *, fix: str) -> list[dict[str, Any]]:
+    """The rows :func:`score_records` wrote to an evaluation step's ``scores.jsonl``, read bounded and regular
+    (:func:`~jagg_core.setup.storage.read_regular`: a FIFO there hung the report and evaluation, a link to /dev/zero
+    read until memory ran out, a folder was an IsADirectoryError), each line checked (a file cut short was a
+    JSONDecodeError traceback): any problem is one ``error`` sentence naming the file, ending with ``fix``."""
+    import json
+
+    from ..setup.storage import read_regular
+
+    path = Path(path)
+    try:
+        text = read_regular(path, error, fix=fix).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text; {fix}.") from None
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        good = (isinstance(row, dict) and isinstance(row.get("style"), str) and isinstance(row.get("prompt"), str)
+                and type(row.get("index")) is int and row["index"] >= 0
+                and all(type(v) in (int, float) for k, v in row.items() if k not in ("style", "index", "prompt")))
+        if not good:
+            raise error(f"{path} line {n} is not one image's scores (a write cut short, or a damaged line); {fix}.")
+        rows.append(row)
+    return rows
 
 
 # --- Summary ---------------------------------------------------------------------------------------------------------

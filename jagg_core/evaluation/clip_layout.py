@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .benchmark import check_style
+from ..media import GRID_MAX_SIDE, image_grid
 
 __all__ = ["clip_complete", "clip_dir", "frame_path", "strip_path", "strips_grid"]
 
@@ -36,8 +37,6 @@ def strips_grid(paths: Sequence[Path], captions: Sequence[str]) -> Any:
     side bounded by ``GRID_MAX_SIDE`` like the image grids (a strip of another size is resized to the first's)."""
     import numpy as np
     from PIL import Image
-
-    from ..media import GRID_MAX_SIDE, image_grid
 
     strips = []
     for path in paths:

@@ -27,6 +27,8 @@ from ..setup.registry import backbone_spec
 from ..setup.storage import atomic_write_bytes
 from .benchmark import ScoreFn, load_image, merge_score_parts, score_batch
 from .clip_layout import clip_complete, clip_dir, frame_path, strip_path
+from ..media import frame_strips
+from ..rewards.clips import frame_indices, on_frames
 
 __all__ = ["clip_complete", "clip_frames", "frame_path", "save_clip", "score_clip_folder",
            "strip_path"]
@@ -38,7 +40,6 @@ def clip_frames(params: Params) -> list[int] | None:
     spec = backbone_spec(params.model.backbone)
     if not spec.video:
         return None
-    from ..rewards.clips import frame_indices
 
     return frame_indices(int(params.model.options.get("num_frames", spec.defaults["num_frames"])),
                          params.reward.frames)
@@ -48,8 +49,6 @@ def save_clip(root: str | Path, style: str, index: int, clip: torch.Tensor, fram
               save_jpeg: Callable[[Path, torch.Tensor], None]) -> None:
     """Clip (F, 3, H, W) in [0, 1]: its chosen frames as JPEGs (``save_jpeg``, the images' encoder), then its strip
     (JPEG quality 90, 4:4:4)."""
-    from ..media import frame_strips
-
     for f in frames:
         save_jpeg(frame_path(root, style, index, f), clip[f])
     buf = io.BytesIO()  # a JPEG: a 49-frame 512 px clip's strip is ~2100 x 290 px, a few hundred kB, not MBs of PNG
@@ -72,8 +71,6 @@ def score_clip_folder(
     ``scores[key][style]`` in prompt order (with ``part`` = ``(rank, world)``: ``{index: float}`` of this process's
     batches of ``batch_size`` clips, batch ``k`` over styles in order being rank ``k % world``'s)."""
     from tqdm.auto import tqdm
-
-    from ..rewards.clips import on_frames
 
     if not metrics:
         raise ValueError("at least one metric is needed to score clips.")

@@ -35,13 +35,15 @@ from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
 from ..setup.metric_logger import MetricLogger, NullLogger
-from ..sampling import derive_seed
-from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest
+from ..sampling import derive_seed, sample_images, to_uint8
+from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest, read_regular
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from .conventions import evaluation_conventions
 from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
+from ..rewards import loaded_rewards, make_metric, rewards_off_device
+from ..world import parse_prompt, render, scene_for_prompt, shown_prompt
 
 __all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
 
@@ -102,7 +104,6 @@ def _toy_grammar(groups: dict[str, list[str]], file_of: Callable[[str], Path], p
     cut (a 10 MB prompt is not echoed)."""
     if not any(name.startswith("toy_") for name in [*params.eval.metrics, *params.reward.weights]):
         return groups
-    from ..world import parse_prompt, shown_prompt
 
     for style, prompts in groups.items():
         for n, prompt in enumerate(prompts):
@@ -124,8 +125,6 @@ def _digest(tensors: Mapping[str, torch.Tensor] | None) -> str:
 
 def _save_jpeg(path: Path, image: torch.Tensor) -> None:
     from PIL import Image
-
-    from ..sampling import to_uint8
 
     buf = io.BytesIO()
     # 4:4:4 chroma: the default 4:2:0 averages colour over 2x2 pixels, which bleeds every edge of a 24-pixel toy
@@ -160,9 +159,6 @@ def evaluate_step(
 
     With ``options.part`` of several processes (a collective: every rank calls it), each generates and scores its
     blocks."""
-    from ..rewards import loaded_rewards, rewards_off_device
-    from ..sampling import sample_images
-
     ev = params.eval
     policy, progress, part = options.policy, options.progress, options.part
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -178,7 +174,7 @@ def evaluate_step(
         generation["frames"] = frames
     marker = out_dir / "generation.json"
     if part.main:
-        if marker.exists() and json.loads(marker.read_text()) != generation:
+        if (marker.exists() or marker.is_symlink()) and _generation_of(marker) != generation:
             shutil.rmtree(images_dir, ignore_errors=True)  # images of another checkpoint or sampler: start over
         atomic_write_text(marker, json.dumps(generation, indent=2) + "\n")
     part.barrier()
@@ -222,11 +218,19 @@ def evaluate_step(
     return result
 
 
+def _generation_of(marker: Path) -> Any:
+    """What a step's ``generation.json`` says its images were made from; None where it cannot be read (a FIFO there
+    hung the evaluation, a file cut short was a JSONDecodeError traceback): images no marker vouches for are made
+    again, and the marker is rewritten (replacing what was there)."""
+    try:
+        return json.loads(read_regular(marker, ValueError, limit=1 << 20).decode("utf-8"))
+    except ValueError:  # unreadable, not UTF-8, not JSON (read_regular's sentences are ValueErrors here)
+        return None
+
+
 def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence[str]], frames: list[int] | None,
                 progress: bool, part: Part) -> dict[str, dict[str, Any]]:
     """Every metric of ``eval.metrics`` on one step's images (or clips), this process's share gathered."""
-    from ..rewards import make_metric
-
     ev = params.eval
     metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
     score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
@@ -243,9 +247,6 @@ def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
     ``eval/<outputs>/ground-truth/metrics.json``; the placement a prompt leaves open is drawn from the prompt's seed.
     """
     import numpy as np
-
-    from ..rewards import make_metric
-    from ..world import render, scene_for_prompt
 
     if not params.is_toy:
         raise EvalError("ground-truth images exist only in the toy world (a real benchmark has no renderer).")

@@ -9,6 +9,10 @@ from typing import Sequence
 
 from jagg_core.pipeline.report_pages import markdown_table
 from jagg_core.pipeline.smoke_docs import _smoke_block, replace_smoke_block, smoke_section
+from jagg_core.bench.models import BenchError
+from jagg_core.pipeline.report import breakdown_rows
+from jagg_core.pipeline.report_figures import plot_stacked_bars
+from jagg_core.setup.storage import atomic_write_text, copy_file, read_regular
 
 __all__ = ["read_main_job", "render_markdown", "write_markdown"]
 
@@ -137,7 +141,6 @@ def _plot_iteration(r: dict, path: Path) -> bool:
     it = r.get("iteration")
     if not it:
         return False
-    from jagg_core.pipeline.report_figures import plot_stacked_bars
 
     rows = it["breakdown"]
     return plot_stacked_bars([b["key"] for b in rows], [b["phases"] for b in rows], ITERATION_PHASES, path,
@@ -321,11 +324,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
 
 def read_main_job(report_dir: str | Path) -> dict:
     """The iteration breakdown of a finished `jagg run` (its report's summary.json); one sentence if there is none."""
-    from jagg_core.bench.models import BenchError
-
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-    from jagg_core.setup.storage import read_regular
 
     class _Phase(BaseModel):  # what _main_job and breakdown_rows read of each method's breakdown
         model_config = ConfigDict(extra="allow", allow_inf_nan=True)
@@ -361,8 +360,6 @@ def read_main_job(report_dir: str | Path) -> dict:
 
 
 def _main_job(job: dict, figure: str) -> list[str]:
-    from jagg_core.pipeline.report import breakdown_rows
-
     worst = max(b["overhead_share"] for b in job["breakdown"])
     when = f"The report of {job['date']}'s run. " if job.get("date") else ""
     return [f"## The main job's iteration (`jagg run --profile {job['profile']}`)", "",
@@ -379,10 +376,6 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     """The page, and beside it ``bench/iteration-<model>.png`` per model (the iteration's stacked bar); with
     ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure. The smoke test's block of an
     existing page (its GPU figures) is kept."""
-    import shutil
-
-    from jagg_core.setup.storage import atomic_write_text
-
     path = Path(path)
     figures = {}
     for r in results:
@@ -392,10 +385,11 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     text = render_markdown(results, figures)
     if main_job:
         rel = "bench/iteration-main-job.png"
-        shutil.copyfile(Path(main_job["dir"]) / "iteration.png", path.parent / rel)
+        copy_file(Path(main_job["dir"]) / "iteration.png", path.parent / rel, BenchError)  # never through a link
         head, sep, tail = text.partition("## Reproduce")
         text = head + "\n".join(_main_job(main_job, rel)) + "\n" + sep + tail
-    old = _smoke_block(path.read_text()) if path.exists() else None
+    old = _smoke_block(read_regular(path, BenchError, limit=64 << 20).decode("utf-8", "replace")) \
+        if path.exists() else None
     if old:  # the smoke test's figures are not the bench's to drop
         text = replace_smoke_block(text, old) or text
     atomic_write_text(path, text)

@@ -25,6 +25,7 @@ from typing import Any
 from ..setup.config import Params, ParamsError, ResolvedMethod
 from ..setup.registry import CostFacts as Architecture, backbone_names, backbone_spec
 from ..cost import group_forwards
+from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 
 __all__ = ["GPUS", "UTILISATION", "PAPER", "forward_counts", "forward_flops", "format_plan", "implied_utilisation",
            "plan"]
@@ -86,8 +87,6 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
       trajectory (W + 2K graphs and 2(W − K) no-grad forwards; at β > 0 3W reference forwards); not run when the
       parameters are sharded (FSDP on more than one GPU).
     """
-    from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
-
     sample, train, res = params.sample, params.train, params.resources
     trained = sample.trained_steps
     frac = AUTO_FALLBACK_JAGG_FRAC if method.jagg_frac == "auto" else float(method.jagg_frac)

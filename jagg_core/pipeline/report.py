@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import UserError
 from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
 from ..setup.paths import Layout, run_name
@@ -26,21 +25,18 @@ from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fideli
                              plot_stacked_bars)
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
-from .report_stats import prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
+from .report_stats import ReportError, prompt_intervals, seconds_per_iteration, t_interval, time_to_target, verdict
 from ..setup.storage import atomic_write_text
+from jagg_core.setup.storage import read_regular
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
            "iteration_breakdown", "kl_ref_phase", "read_curve", "speed_table", "PHASES"]
 
 
-class ReportError(UserError, ValueError):
-    """What the report reads is damaged or missing; the message is one sentence for the user."""
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
     """A run's ``curve.tsv``; a damaged one (not UTF-8, a row that is not numbers) is one :class:`ReportError`."""
-    from jagg_core.setup.storage import read_regular
-
     if not path.exists() and not path.is_symlink():
         return []
     data = read_regular(path, ReportError, fix="train the run again (or put the file back) before the report")
@@ -64,8 +60,6 @@ def read_curve(path: Path) -> list[dict[str, float]]:
 
 def read_eval(path: Path) -> dict[str, Any] | None:
     """An evaluation's ``metrics.json`` (None where there is none); a damaged one is one :class:`ReportError`."""
-    from jagg_core.setup.storage import read_regular
-
     if not path.exists() and not path.is_symlink():
         return None
     again = f"run `jagg evaluate --run {path.parent.name}` again to rewrite it"

@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -24,10 +23,28 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import UserError
 from ..setup.paths import Layout
 
-__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "prompt_intervals", "seconds_per_iteration", "t_interval",
-           "time_to_target", "verdict"]
+__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "ReportError", "prompt_intervals", "read_scores",
+           "seconds_per_iteration", "t_interval", "time_to_target", "verdict"]
+
+
+class ReportError(UserError, ValueError):
+    """What the report reads is damaged or missing; the message is one sentence for the user."""
+
+
+def read_scores(path: Path) -> list[dict[str, Any]] | None:
+    """An evaluation step's per-image scores (``eval/<outputs>/<run>/steps/<step>/scores.jsonl``), None where there
+    are none; a file that is not a whole scores file (a FIFO, a link to a device, a folder, cut short) is one
+    :class:`ReportError` sentence."""
+    from ..evaluation.benchmark import read_score_records
+
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    run = path.parents[2].name if len(path.parents) > 2 else "RUN"
+    return read_score_records(path, ReportError, fix=f"run `jagg evaluate --run {run}` again to rewrite it")
 
 BOOTSTRAP = 2000
 # JAGG is called non-inferior to the exact backward when the lower end of the paired 95% interval of (JAGG − baseline)
@@ -51,13 +68,12 @@ def t_interval(xs: Sequence[float], confidence: float = 0.95) -> dict[str, float
 
 def _read_scores(path: Path, metrics: Sequence[str]) -> dict[str, dict[str, np.ndarray]] | None:
     """metric -> style -> per-prompt scores in prompt order, from an evaluation step's ``scores.jsonl``."""
-    if not path.is_file():
+    records = read_scores(path)
+    if records is None:
         return None
     rows: dict[str, dict[int, dict[str, float]]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows.setdefault(r["style"], {})[int(r["index"])] = r
+    for r in records:
+        rows.setdefault(r["style"], {})[r["index"]] = r
     out: dict[str, dict[str, np.ndarray]] = {}
     for m in metrics:
         out[m] = {s: np.array([by[i][m] for i in sorted(by)], dtype=np.float64) for s, by in rows.items()

@@ -7,45 +7,22 @@ negative prompt), as in DanceGRPO and Flow-GRPO's Flux runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Union
 
 import torch
 
 from ..schedules import Schedule, fixed_shift_schedule
 from ..setup.options import DIFFUSERS_COMMON, Shift
 from ..setup.registry import CostFacts
-from .base import Policy, PolicyError, PromptEmbeds, register_backbone
-from .diffusers_common import (
-    MODEL,
-    SCHEDULER,
-    TOKENIZER,
-    check_image_size,
-    check_model_dir,
-    freeze,
-    load_component,
-    load_scheduler_config,
-    load_text_encoders,
-    pipeline_schedule,
-    prepare_transformer,
-    read_config,
-    read_options,
-    resolve_model_dir,
-    to_unit_images,
-)
+from .base import PolicyError, PromptEmbeds
+from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
+    read_config, to_unit_images
+from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_flux
 
 __all__ = ["FluxPolicy", "pack_latents", "unpack_latents"]
 
 HUB_ID = "black-forest-labs/FLUX.1-dev"
-COMPONENTS = {
-    "scheduler": SCHEDULER,
-    "text_encoder": MODEL,
-    "text_encoder_2": MODEL,
-    "tokenizer": TOKENIZER,
-    "tokenizer_2": TOKENIZER,
-    "transformer": MODEL,
-    "vae": MODEL,
-}
 DEFAULTS: dict[str, Any] = {
     "height": 512,  # pixels; a multiple of 16
     "width": 512,
@@ -86,47 +63,37 @@ def image_ids(h: int, w: int) -> torch.Tensor:
     return ids.reshape(-1, 3)
 
 
-class FluxPolicy(Policy):
+@diffusers_backbone("flux", options=OPTIONS, cost=COST, stand_in=build_flux)
+class FluxPolicy(DiffusersPolicy):
     """FLUX.1 transformer (trained) + CLIP/T5 text encoders and VAE (frozen)."""
 
-    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-        from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
+    hub_id, defaults = HUB_ID, DEFAULTS
+    pipeline, transformer_class, vae_class = "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL"
+    tokenizers = ("tokenizer", "tokenizer_2")
+    embeds = ("prompt_embeds", "pooled_prompt_embeds")  # (B, L, D_t5), (B, D_clip)
 
-        opts = read_options(options, DEFAULTS, backbone="flux")
-        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+    def _layout(self, folder: Path, opts: Mapping[str, Any]) -> None:
         vae_scale = 2 ** (len(read_config(folder, "vae")["block_out_channels"]) - 1)
-        check_image_size(opts["height"], opts["width"], vae_scale * 2)  # before minutes of loading
+        check_image_size(opts["height"], opts["width"], vae_scale * 2)
         self.height, self.width = opts["height"], opts["width"]
         self.latent_h, self.latent_w = 2 * (self.height // (vae_scale * 2)), 2 * (self.width // (vae_scale * 2))
         self.scheduler_config = load_scheduler_config(folder)
-        self.device, self.dtype = device, dtype
-        self.guidance_scale = float(opts["guidance_scale"])
         self.shift = None if opts["shift"] is None else float(opts["shift"])
         if self.shift is not None and self.shift <= 0:
             raise PolicyError(f"model.options.shift must be a positive number (DanceGRPO uses 3), got {self.shift}.")
-        self.max_sequence_length = int(opts["max_sequence_length"])
 
-        self.encoders = load_text_encoders(
-            FluxPipeline, folder, tokenizers=("tokenizer", "tokenizer_2"), device=device, dtype=dtype, hub_id=HUB_ID
-        )
-        self.vae = freeze(load_component(AutoencoderKL, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
-        transformer = load_component(FluxTransformer2DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
-        # Read once here: the trainer may wrap the transformer (DDP) and hide its config.
-        self.guidance_embeds = bool(transformer.config.guidance_embeds)
-        self.latent_channels = transformer.config.in_channels // 4
-        self.transformer = prepare_transformer(
-            transformer.to(device), lora=opts["lora"], gradient_checkpointing=bool(opts["gradient_checkpointing"])
-        )
-        self.img_ids = image_ids(self.latent_h, self.latent_w).to(device=device, dtype=dtype)
+    def _read_transformer(self, config: Any) -> None:
+        self.guidance_embeds = bool(config.guidance_embeds)
+        self.latent_channels = config.in_channels // 4
 
-    @torch.no_grad()
-    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
+    def _loaded(self, opts: Mapping[str, Any]) -> None:
+        self.img_ids = image_ids(self.latent_h, self.latent_w).to(device=self.device, dtype=self.dtype)
+
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         prompt_embeds, pooled, _ = self.encoders.encode_prompt(
-            prompt=list(prompts), prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
+            prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
         )
-        return PromptEmbeds(
-            {"prompt_embeds": prompt_embeds.to(self.dtype), "pooled_prompt_embeds": pooled.to(self.dtype)}
-        )  # (B, L, D_t5), (B, D_clip)
+        return prompt_embeds.to(self.dtype), pooled.to(self.dtype)
 
     def latent_shape(self) -> tuple[int, ...]:
         return ((self.latent_h // 2) * (self.latent_w // 2), self.latent_channels * 4)
@@ -166,16 +133,3 @@ class FluxPolicy(Policy):
         latents = latents / config.scaling_factor + (config.shift_factor or 0.0)
         return to_unit_images(self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0])
 
-
-@register_backbone(
-    "flux",
-    options=OPTIONS,
-    defaults=DEFAULTS,
-    hub_id=HUB_ID,
-    components=COMPONENTS,
-    cost=COST,
-    export_pipeline="FluxPipeline",
-    stand_in=build_flux,
-)
-def build_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
-    return FluxPolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

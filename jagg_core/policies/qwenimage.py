@@ -11,44 +11,23 @@ call (one forward per ``velocity``, as DDP wants), then combine as the pipeline 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
 from ..schedules import Schedule
 from ..setup.options import DIFFUSERS_COMMON
 from ..setup.registry import CostFacts
-from .base import Policy, PromptEmbeds, register_backbone
-from .diffusers_common import (
-    MODEL,
-    SCHEDULER,
-    TOKENIZER,
-    check_image_size,
-    check_model_dir,
-    freeze,
-    load_component,
-    load_scheduler_config,
-    load_text_encoders,
-    pipeline_schedule,
-    prepare_transformer,
-    read_config,
-    read_options,
-    resolve_model_dir,
-    to_unit_images,
-)
+from .base import PromptEmbeds
+from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
+    read_config, to_unit_images
+from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .flux import unpack_latents
 from .tiny import build_qwenimage
 
 __all__ = ["QwenImagePolicy"]
 
 HUB_ID = "Qwen/Qwen-Image"
-COMPONENTS = {
-    "scheduler": SCHEDULER,
-    "text_encoder": MODEL,
-    "tokenizer": TOKENIZER,
-    "transformer": MODEL,
-    "vae": MODEL,
-}
 DEFAULTS: dict[str, Any] = {
     "height": 512,  # pixels; a multiple of 16
     "width": 512,
@@ -79,42 +58,33 @@ def _pad(embeds: torch.Tensor, mask: torch.Tensor | None, length: int) -> tuple[
     return padded, full_mask
 
 
-class QwenImagePolicy(Policy):
+@diffusers_backbone("qwenimage", options=OPTIONS, cost=COST, stand_in=build_qwenimage)
+class QwenImagePolicy(DiffusersPolicy):
     """Qwen-Image transformer (trained) + Qwen2.5-VL text encoder and 3-D VAE (frozen)."""
 
-    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-        from diffusers import AutoencoderKLQwenImage, QwenImagePipeline, QwenImageTransformer2DModel
+    hub_id, defaults = HUB_ID, DEFAULTS
+    pipeline, transformer_class = "QwenImagePipeline", "QwenImageTransformer2DModel"
+    vae_class = "AutoencoderKLQwenImage"
+    embeds = ("prompt_embeds", "prompt_embeds_mask")  # (B, max_sequence_length, D), (B, max_sequence_length)
+    true_cfg = True
 
-        opts = read_options(options, DEFAULTS, backbone="qwenimage")
-        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+    def _layout(self, folder: Path, opts: Mapping[str, Any]) -> None:
         vae_scale = 2 ** len(read_config(folder, "vae")["temperal_downsample"])
-        check_image_size(opts["height"], opts["width"], vae_scale * 2)  # before minutes of loading
+        check_image_size(opts["height"], opts["width"], vae_scale * 2)
         self.height, self.width = opts["height"], opts["width"]
         self.latent_h, self.latent_w = 2 * (self.height // (vae_scale * 2)), 2 * (self.width // (vae_scale * 2))
         self.scheduler_config = load_scheduler_config(folder)
-        self.device, self.dtype = device, dtype
-        self.guidance_scale = float(opts["guidance_scale"])
-        self.do_cfg = self.guidance_scale > 1
-        self.negative_prompt = str(opts["negative_prompt"])
-        self.max_sequence_length = int(opts["max_sequence_length"])
-        self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
 
-        self.encoders = load_text_encoders(
-            QwenImagePipeline, folder, tokenizers=("tokenizer",), device=device, dtype=dtype, hub_id=HUB_ID
-        )
-        self.vae = freeze(load_component(AutoencoderKLQwenImage, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
-        transformer = load_component(QwenImageTransformer2DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
-        self.latent_channels = transformer.config.in_channels // 4
-        self.transformer = prepare_transformer(
-            transformer.to(device), lora=opts["lora"], gradient_checkpointing=bool(opts["gradient_checkpointing"])
-        )
+    def _read_transformer(self, config: Any) -> None:
+        self.latent_channels = config.in_channels // 4
+        self._last_block = f"transformer_blocks.{config.num_layers - 1}."
+
+    def _loaded(self, opts: Mapping[str, Any]) -> None:
         # The last block's text-stream output is discarded, so its output projection and text MLP never get a
         # gradient; freezing them lets DDP run without find_unused_parameters.
-        last = f"transformer_blocks.{transformer.config.num_layers - 1}."
         for name, p in self.transformer.named_parameters():
-            if last in name and (".attn.to_add_out." in name or ".txt_mlp." in name):
+            if self._last_block in name and (".attn.to_add_out." in name or ".txt_mlp." in name):
                 p.requires_grad_(False)
-
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, -1, 1, 1, 1)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, -1, 1, 1, 1)
 
@@ -123,19 +93,6 @@ class QwenImagePolicy(Policy):
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
         return _pad(embeds.to(self.dtype), mask, self.max_sequence_length)
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
-        embeds, mask = self._encode(list(prompts))  # (B, max_sequence_length, D), (B, max_sequence_length)
-        tensors = {"prompt_embeds": embeds, "prompt_embeds_mask": mask}
-        if self.do_cfg:
-            if self._negative is None:  # the same for every prompt: encoded once
-                self._negative = self._encode([self.negative_prompt])
-            neg, neg_mask = self._negative
-            b = len(prompts)
-            tensors["negative_prompt_embeds"] = neg.expand(b, -1, -1)
-            tensors["negative_prompt_embeds_mask"] = neg_mask.expand(b, -1)
-        return PromptEmbeds(tensors)
 
     def latent_shape(self) -> tuple[int, ...]:
         return ((self.latent_h // 2) * (self.latent_w // 2), self.latent_channels * 4)
@@ -182,18 +139,3 @@ class QwenImagePolicy(Policy):
         image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0][:, :, 0]  # (B, 3, H, W)
         return to_unit_images(image)
 
-
-@register_backbone(
-    "qwenimage",
-    options=OPTIONS,
-    defaults=DEFAULTS,
-    hub_id=HUB_ID,
-    components=COMPONENTS,
-    cost=COST,
-    export_pipeline="QwenImagePipeline",
-    stand_in=build_qwenimage,
-)
-def build_qwenimage(
-    path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]
-) -> Policy:
-    return QwenImagePolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

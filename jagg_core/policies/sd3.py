@@ -8,47 +8,22 @@ one forward (and one DDP/FSDP pass).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
 from ..schedules import Schedule
 from ..setup.options import DIFFUSERS_COMMON
 from ..setup.registry import CostFacts
-from .base import Policy, PromptEmbeds, register_backbone
-from .diffusers_common import (
-    MODEL,
-    SCHEDULER,
-    TOKENIZER,
-    check_image_size,
-    check_model_dir,
-    freeze,
-    load_component,
-    load_scheduler_config,
-    load_text_encoders,
-    pipeline_schedule,
-    prepare_transformer,
-    read_config,
-    read_options,
-    resolve_model_dir,
-    to_unit_images,
-)
+from .base import PromptEmbeds
+from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
+    read_config, to_unit_images
+from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_sd3
 
 __all__ = ["SD3Policy"]
 
 HUB_ID = "stabilityai/stable-diffusion-3.5-medium"
-COMPONENTS = {
-    "scheduler": SCHEDULER,
-    "text_encoder": MODEL,
-    "text_encoder_2": MODEL,
-    "text_encoder_3": MODEL,
-    "tokenizer": TOKENIZER,
-    "tokenizer_2": TOKENIZER,
-    "tokenizer_3": TOKENIZER,
-    "transformer": MODEL,
-    "vae": MODEL,
-}
 DEFAULTS: dict[str, Any] = {
     "height": 512,  # pixels; a multiple of vae_scale_factor · patch_size (16)
     "width": 512,
@@ -67,41 +42,23 @@ COST = CostFacts(
     "CLIP-L/G 0.82 B + VAE 0.08 B frozen", true_cfg=True)
 
 
-class SD3Policy(Policy):
+@diffusers_backbone("sd3", options=OPTIONS, cost=COST, stand_in=build_sd3)
+class SD3Policy(DiffusersPolicy):
     """SD3 transformer (trained) + CLIP-L/CLIP-G/T5 text encoders and VAE (frozen)."""
 
-    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-        from diffusers import AutoencoderKL, SD3Transformer2DModel, StableDiffusion3Pipeline
+    hub_id, defaults = HUB_ID, DEFAULTS
+    pipeline, transformer_class, vae_class = "StableDiffusion3Pipeline", "SD3Transformer2DModel", "AutoencoderKL"
+    tokenizers = ("tokenizer", "tokenizer_2", "tokenizer_3")
+    embeds = ("prompt_embeds", "pooled_prompt_embeds")  # (B, 77 + L, D), (B, P)
+    true_cfg = True
 
-        opts = read_options(options, DEFAULTS, backbone="sd3")
-        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+    def _layout(self, folder: Path, opts: Mapping[str, Any]) -> None:
         vae_scale = 2 ** (len(read_config(folder, "vae")["block_out_channels"]) - 1)
         self.patch_size = read_config(folder, "transformer")["patch_size"]
-        check_image_size(opts["height"], opts["width"], vae_scale * self.patch_size)  # before minutes of loading
+        check_image_size(opts["height"], opts["width"], vae_scale * self.patch_size)
         self.height, self.width = opts["height"], opts["width"]
         self.latent_h, self.latent_w = self.height // vae_scale, self.width // vae_scale
         self.scheduler_config = load_scheduler_config(folder)
-        self.device, self.dtype = device, dtype
-        self.guidance_scale = float(opts["guidance_scale"])
-        self.do_cfg = self.guidance_scale > 1  # StableDiffusion3Pipeline.do_classifier_free_guidance
-        self.negative_prompt = str(opts["negative_prompt"])
-        self.max_sequence_length = int(opts["max_sequence_length"])
-        self._negative: tuple[torch.Tensor, torch.Tensor] | None = None
-
-        self.encoders = load_text_encoders(
-            StableDiffusion3Pipeline,
-            folder,
-            tokenizers=("tokenizer", "tokenizer_2", "tokenizer_3"),
-            device=device,
-            dtype=dtype,
-            hub_id=HUB_ID,
-        )
-        self.vae = freeze(load_component(AutoencoderKL, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
-        transformer = load_component(SD3Transformer2DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
-        self.latent_channels = transformer.config.in_channels
-        self.transformer = prepare_transformer(
-            transformer.to(device), lora=opts["lora"], gradient_checkpointing=bool(opts["gradient_checkpointing"])
-        )
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         prompt_embeds, _, pooled, _ = self.encoders.encode_prompt(
@@ -113,19 +70,6 @@ class SD3Policy(Policy):
             max_sequence_length=self.max_sequence_length,
         )
         return prompt_embeds.to(self.dtype), pooled.to(self.dtype)  # (B, 77 + L, D), (B, P)
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
-        prompt_embeds, pooled = self._encode(list(prompts))
-        tensors = {"prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}
-        if self.do_cfg:
-            if self._negative is None:  # the same for every prompt: encoded once
-                self._negative = self._encode([self.negative_prompt])
-            neg, neg_pooled = self._negative
-            b = len(prompts)
-            tensors["negative_prompt_embeds"] = neg.expand(b, -1, -1)
-            tensors["negative_pooled_prompt_embeds"] = neg_pooled.expand(b, -1)
-        return PromptEmbeds(tensors)
 
     def latent_shape(self) -> tuple[int, ...]:
         return (self.latent_channels, self.latent_h, self.latent_w)
@@ -163,16 +107,3 @@ class SD3Policy(Policy):
         latents = latents.to(self.device) / config.scaling_factor + (config.shift_factor or 0.0)
         return to_unit_images(self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0])
 
-
-@register_backbone(
-    "sd3",
-    options=OPTIONS,
-    defaults=DEFAULTS,
-    hub_id=HUB_ID,
-    components=COMPONENTS,
-    cost=COST,
-    export_pipeline="StableDiffusion3Pipeline",
-    stand_in=build_sd3,
-)
-def build_sd3(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
-    return SD3Policy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

@@ -20,6 +20,7 @@ import torch
 from ..schedules import Schedule, flow_match_schedule
 from ..setup.options import LORA, Scale
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
+from .lora import apply_lora
 
 __all__ = ["ToyFluxPolicy", "ToyFluxShape", "build_toy_flux", "build_tokenizer", "pack", "unpack"]
 
@@ -252,8 +253,6 @@ def check_toy_flux_dir(path: str | None) -> Path:
 def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
     from diffusers import FluxTransformer2DModel
     from transformers import CLIPTextModel, PreTrainedTokenizerFast
-
-    from .lora import apply_lora
 
     folder = check_toy_flux_dir(path)
     geometry = json.loads((folder / "toy_flux.json").read_text())

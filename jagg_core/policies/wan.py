@@ -16,23 +16,21 @@ The schedule is the fixed-shift one of the published GRPO recipes for Wan (``T +
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
 from ..schedules import Schedule, fixed_shift_schedule
 from ..setup.options import DIFFUSERS_COMMON, Frames, Shift
 from ..setup.registry import CostFacts
-from .base import Policy, PolicyError, PromptEmbeds, register_backbone
-from .diffusers_common import (MODEL, SCHEDULER, TOKENIZER, check_image_size, check_model_dir, freeze, load_component,
-                               load_text_encoders, prepare_transformer, read_config, read_options, resolve_model_dir,
-                               to_unit_images)
+from .base import PolicyError, PromptEmbeds
+from .diffusers_common import check_image_size, read_config, to_unit_images
+from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_wan
 
 __all__ = ["WanPolicy", "WAN_LORA_TARGETS", "FSDP_BLOCK"]
 
 HUB_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-COMPONENTS = {"scheduler": SCHEDULER, "text_encoder": MODEL, "tokenizer": TOKENIZER, "transformer": MODEL, "vae": MODEL}
 # Self- and cross-attention projections of every WanTransformerBlock (the text enters through cross-attention: no
 # add_*_proj as in the MMDiT backbones).
 WAN_LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0")
@@ -65,19 +63,20 @@ def _check_frames(num_frames: Any, temporal: int) -> None:
         raise PolicyError(f"model.num_frames must be {temporal}·k + 1 frames (e.g. 33, 49 or 81), got {num_frames!r}.")
 
 
-class WanPolicy(Policy):
+@diffusers_backbone("wan", options=OPTIONS, cost=COST, stand_in=build_wan, video=True)
+class WanPolicy(DiffusersPolicy):
     """Wan transformer (trained) + UMT5 text encoder and Wan VAE (frozen)."""
 
-    def __init__(self, folder: Path, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-        from diffusers import AutoencoderKLWan, WanPipeline, WanTransformer3DModel
+    hub_id, defaults = HUB_ID, DEFAULTS
+    pipeline, transformer_class, vae_class = "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan"
+    true_cfg = True
 
-        opts = read_options(options, DEFAULTS, backbone="wan")
-        check_model_dir(folder, COMPONENTS, hub_id=HUB_ID)
+    def _layout(self, folder: Path, opts: Mapping[str, Any]) -> None:
         vae_config = read_config(folder, "vae")
         spatial = int(vae_config.get("scale_factor_spatial") or 8)
         temporal = int(vae_config.get("scale_factor_temporal") or 4)
         patch = read_config(folder, "transformer").get("patch_size", [1, 2, 2])
-        check_image_size(opts["height"], opts["width"], spatial * int(patch[1]))  # before minutes of loading
+        check_image_size(opts["height"], opts["width"], spatial * int(patch[1]))
         _check_frames(opts["num_frames"], temporal)
         self.shift = float(opts["shift"])
         if self.shift <= 0:
@@ -85,46 +84,25 @@ class WanPolicy(Policy):
         self.height, self.width, self.num_frames = opts["height"], opts["width"], opts["num_frames"]
         self.latent_frames = (self.num_frames - 1) // temporal + 1
         self.latent_h, self.latent_w = self.height // spatial, self.width // spatial
-        self.device, self.dtype = device, dtype
-        self.guidance_scale = float(opts["guidance_scale"])
-        self.do_cfg = self.guidance_scale > 1  # WanPipeline.do_classifier_free_guidance
-        self.negative_prompt = str(opts["negative_prompt"])
-        self.max_sequence_length = int(opts["max_sequence_length"])
-        self._negative: torch.Tensor | None = None
 
-        self.encoders = load_text_encoders(
-            WanPipeline, folder, tokenizers=("tokenizer",), device=device, dtype=dtype, hub_id=HUB_ID
-        )
-        self.vae = freeze(load_component(AutoencoderKLWan, folder, "vae", dtype=dtype, hub_id=HUB_ID)).to(device)
+    def _lora(self, lora: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+        if lora and lora.get("rank") and not lora.get("target_modules"):
+            return {**lora, "target_modules": list(WAN_LORA_TARGETS)}
+        return lora
+
+    def _loaded(self, opts: Mapping[str, Any]) -> None:
         if opts["vae_tiling"]:
             self.vae.enable_tiling()
-        transformer = load_component(WanTransformer3DModel, folder, "transformer", dtype=dtype, hub_id=HUB_ID)
-        self.latent_channels = transformer.config.in_channels
-        lora = opts["lora"]
-        if lora and lora.get("rank") and not lora.get("target_modules"):
-            lora = {**lora, "target_modules": list(WAN_LORA_TARGETS)}
-        self.transformer = prepare_transformer(
-            transformer.to(device), lora=lora, gradient_checkpointing=bool(opts["gradient_checkpointing"])
-        )
         z = self.vae.config.z_dim
         self.latents_mean = torch.tensor(self.vae.config.latents_mean).view(1, z, 1, 1, 1)
         self.latents_std = torch.tensor(self.vae.config.latents_std).view(1, z, 1, 1, 1)
 
-    def _encode(self, prompts: list[str]) -> torch.Tensor:
+    def _encode(self, prompts: list[str]) -> tuple[torch.Tensor]:
         embeds, _ = self.encoders.encode_prompt(
             prompt=prompts, do_classifier_free_guidance=False, max_sequence_length=self.max_sequence_length,
             device=self.device,
         )
-        return embeds.to(self.dtype)  # (B, max_sequence_length, D), zero past each prompt's tokens
-
-    @torch.no_grad()
-    def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
-        tensors = {"prompt_embeds": self._encode(list(prompts))}
-        if self.do_cfg:
-            if self._negative is None:  # the same for every prompt: encoded once
-                self._negative = self._encode([self.negative_prompt])
-            tensors["negative_prompt_embeds"] = self._negative.expand(len(prompts), -1, -1)
-        return PromptEmbeds(tensors)
+        return (embeds.to(self.dtype),)  # (B, max_sequence_length, D), zero past each prompt's tokens
 
     def latent_shape(self) -> tuple[int, ...]:
         return (self.latent_channels, self.latent_frames, self.latent_h, self.latent_w)
@@ -155,17 +133,3 @@ class WanPolicy(Policy):
         video = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]  # (B, 3, F, H, W) in [-1, 1]
         return to_unit_images(video).permute(0, 2, 1, 3, 4).contiguous()
 
-
-@register_backbone(
-    "wan",
-    options=OPTIONS,
-    defaults=DEFAULTS,
-    hub_id=HUB_ID,
-    components=COMPONENTS,
-    cost=COST,
-    export_pipeline="WanPipeline",
-    stand_in=build_wan,
-    video=True,
-)
-def build_wan(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]) -> Policy:
-    return WanPolicy(resolve_model_dir(path, hub_id=HUB_ID), device=device, dtype=dtype, options=options)

@@ -18,11 +18,11 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from .base import RewardError
+from .base import RewardError, RewardFn
 
 __all__ = [
     "DTYPES",
@@ -39,6 +39,7 @@ __all__ = [
     "resolve_file",
     "resolve_folder",
     "to_pil_images",
+    "hf_clip_reward",
 ]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -302,3 +303,58 @@ def chunks(n: int, size: int) -> Iterator[slice]:
     """Consecutive slices of ``range(n)`` of at most ``size`` items."""
     for start in range(0, n, size):
         yield slice(start, min(start + size, n))
+
+
+def hf_clip_reward(
+    name: str,
+    label: str,
+    model: str,
+    processor: str,
+    *,
+    model_hub: str,
+    processor_hub: str,
+    device: str,
+    dtype: str,
+    batch_size: int,
+    finish: Callable[[torch.nn.Module], Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]],
+    prefix: str = "",
+) -> RewardFn:
+    """The scorer base of the ``transformers`` CLIP rewards (CLIPScore, PickScore): the cosine of each image's and its
+    own prompt's embeddings, batched, turned into the reward and its info by ``finish(clip)(cos)``.
+
+    ``name`` is the reward's registered name (its options are ``reward.options.<name>``), ``label`` what a sentence
+    calls it; ``model_hub`` and ``processor_hub`` are what a missing-weights sentence says to download; ``prefix`` is
+    put before every prompt (a space after it).
+    """
+    option = f"reward.options.{name}"
+    torch_dtype = parse_dtype(dtype, f"{option}.dtype")
+    batch_size = check_batch_size(batch_size, f"{option}.batch_size")
+    clip, tokenizer, image_processor = load_hf_clip(
+        model,
+        processor,
+        model_published=Published(
+            what=f"the {label} model", option=f"{option}.model", download=f"the Hugging Face repo {model_hub}"
+        ),
+        processor_published=Published(
+            what=f"the {label} processor", option=f"{option}.processor",
+            download=f"the Hugging Face repo {processor_hub}",
+        ),
+    )
+    clip = clip.to(device=device, dtype=torch_dtype)
+    lead = prefix.rstrip() + " " if prefix.strip() else ""
+    rewards = finish(clip)
+
+    @torch.no_grad()
+    def fn(
+        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        check_inputs(images, prompts)
+        pil = to_pil_images(images)
+        texts = [lead + p for p in prompts]
+        cos = torch.empty(len(pil), dtype=torch.float32)
+        for part in chunks(len(pil), batch_size):
+            cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], texts[part]).cpu()
+        return rewards(cos)
+
+    fn.modules = (clip,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
+    return fn

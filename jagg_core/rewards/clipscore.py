@@ -12,28 +12,16 @@ itself, so ``prefix`` defaults to none; set ``prefix: "A photo depicts"`` to rep
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, Union
-
-import torch
+from typing import Any, Mapping, Union
 
 from ..setup.options import HF_SCORER
 from .base import RewardFn, register_reward
-from .clip_models import (
-    Published,
-    check_batch_size,
-    check_inputs,
-    chunks,
-    hf_clip_cosine,
-    load_hf_clip,
-    parse_dtype,
-    to_pil_images,
-)
+from .clip_models import hf_clip_reward
 
 __all__ = ["CLIPSCORE_MODEL", "CLIPSCORE_W", "make_clipscore"]
 
 CLIPSCORE_MODEL = "openai/clip-vit-base-patch32"
 CLIPSCORE_W = 2.5  # Hessel et al.'s w, which stretches typical cosines (~0.2-0.4) towards [0, 1]
-_OPTIONS = "reward.options.clipscore"
 
 
 def _describe(options: Mapping[str, Any]) -> str:
@@ -67,34 +55,8 @@ def make_clipscore(
         ``fn(images, prompts, metadata) -> (rewards, info)``: rewards (B,) float32 = the cosine;
         info: ``clipscore`` (B,) = ``2.5 * max(cos, 0)``.
     """
-    torch_dtype = parse_dtype(dtype, f"{_OPTIONS}.dtype")
-    batch_size = check_batch_size(batch_size, f"{_OPTIONS}.batch_size")
-    clip, tokenizer, image_processor = load_hf_clip(
-        model,
-        model if processor is None else processor,
-        model_published=Published(
-            what="the CLIPScore model", option=f"{_OPTIONS}.model", download=f"the Hugging Face repo {CLIPSCORE_MODEL}"
-        ),
-        processor_published=Published(
-            what="the CLIPScore processor",
-            option=f"{_OPTIONS}.processor",
-            download=f"the Hugging Face repo {CLIPSCORE_MODEL}",
-        ),
+    return hf_clip_reward(
+        "clipscore", "CLIPScore", model, model if processor is None else processor, model_hub=CLIPSCORE_MODEL,
+        processor_hub=CLIPSCORE_MODEL, device=device, dtype=dtype, batch_size=batch_size, prefix=prefix,
+        finish=lambda clip: lambda cos: (cos, {"clipscore": CLIPSCORE_W * cos.clamp(min=0)}),
     )
-    clip = clip.to(device=device, dtype=torch_dtype)
-    lead = prefix.rstrip() + " " if prefix.strip() else ""
-
-    @torch.no_grad()
-    def fn(
-        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        check_inputs(images, prompts)
-        pil = to_pil_images(images)
-        texts = [lead + p for p in prompts]
-        cos = torch.empty(len(pil), dtype=torch.float32)
-        for part in chunks(len(pil), batch_size):
-            cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], texts[part]).cpu()
-        return cos, {"clipscore": CLIPSCORE_W * cos.clamp(min=0)}
-
-    fn.modules = (clip,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
-    return fn

@@ -13,29 +13,19 @@ Scales, as PickScore's reference code and Flow-GRPO's ``pickscore_scorer``:
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..setup.options import HF_SCORER
 from .base import RewardFn, register_reward
-from .clip_models import (
-    Published,
-    check_batch_size,
-    check_inputs,
-    chunks,
-    hf_clip_cosine,
-    load_hf_clip,
-    parse_dtype,
-    to_pil_images,
-)
+from .clip_models import hf_clip_reward
 
 __all__ = ["PICKSCORE_MODEL", "PICKSCORE_NORM", "PICKSCORE_PROCESSOR", "make_pickscore"]
 
 PICKSCORE_MODEL = "yuvalkirstain/PickScore_v1"
 PICKSCORE_PROCESSOR = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K"
 PICKSCORE_NORM = 26.0  # Flow-GRPO's pickscore_scorer divides by 26
-_OPTIONS = "reward.options.pickscore"
 
 
 def _describe(options: Mapping[str, Any]) -> str:
@@ -66,34 +56,17 @@ def make_pickscore(
         ``fn(images, prompts, metadata) -> (rewards, info)``: rewards (B,) float32 = ``score / 26``;
         info: ``score`` (B,) = ``logit_scale.exp() * cos``, ``cos`` (B,).
     """
-    torch_dtype = parse_dtype(dtype, f"{_OPTIONS}.dtype")
-    batch_size = check_batch_size(batch_size, f"{_OPTIONS}.batch_size")
-    clip, tokenizer, image_processor = load_hf_clip(
-        model,
-        processor,
-        model_published=Published(
-            what="the PickScore model", option=f"{_OPTIONS}.model", download=f"the Hugging Face repo {PICKSCORE_MODEL}"
-        ),
-        processor_published=Published(
-            what="the PickScore processor",
-            option=f"{_OPTIONS}.processor",
-            download=f"the Hugging Face repo {PICKSCORE_PROCESSOR}",
-        ),
+    return hf_clip_reward(
+        "pickscore", "PickScore", model, processor, model_hub=PICKSCORE_MODEL, processor_hub=PICKSCORE_PROCESSOR,
+        device=device, dtype=dtype, batch_size=batch_size, finish=_scores,
     )
-    clip = clip.to(device=device, dtype=torch_dtype)
+
+
+def _scores(clip: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]:
     logit_scale = float(clip.logit_scale.float().exp())
 
-    @torch.no_grad()
-    def fn(
-        images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[Mapping[str, Any]]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        check_inputs(images, prompts)
-        pil = to_pil_images(images)
-        cos = torch.empty(len(pil), dtype=torch.float32)
-        for part in chunks(len(pil), batch_size):
-            cos[part] = hf_clip_cosine(clip, tokenizer, image_processor, pil[part], prompts[part]).cpu()
+    def finish(cos: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:
         score = logit_scale * cos  # (B,)
         return score / PICKSCORE_NORM, {"score": score, "cos": cos}
 
-    fn.modules = (clip,)  # type: ignore[attr-defined]  (rewards_off_device moves it)
-    return fn
+    return finish

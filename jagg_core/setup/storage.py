@@ -27,15 +27,22 @@ __all__ = [
     "PromptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "copy_file",
     "read_prompt_json",
     "read_prompt_list",
     "read_prompts",
     "replace_dir",
+    "temp_dir",
     "write_prompts_jsonl",
 ]
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+# What a stage reads (params, prompt files, a run's buffered metrics, a worker's outcome, evaluations' scores, a
+# report's summaries, checkpoint manifests) is a regular file of bounded size: /dev/zero would be read until memory
+# ran out, a FIFO would block for ever.
+MAX_READ_BYTES = 256 << 20
 
 
 class PromptFileError(UserError, ValueError):
@@ -88,13 +95,17 @@ class FolderLock:
         self.release()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+    """The project's one way to write a file: ``data`` into a new temporary file in ``path``'s folder (created with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``: never an existing file, never through a link), fsynced, then renamed over
+    ``path``. The rename replaces whatever is at ``path`` — a symlink planted there is replaced, never followed — and
+    a reader sees the old file or the new one whole. ``mode``: the file's permissions (default: any written file's,
+    0666 less the umask; 0600 for what only its owner may read)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any written file
+        os.fchmod(fd, 0o666 & ~_UMASK if mode is None else mode)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -105,8 +116,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), mode=mode)
+
+
+def copy_file(src: str | os.PathLike, dest: str | os.PathLike, error: type[Exception], *,
+              limit: int = MAX_READ_BYTES) -> None:
+    """``src`` (read as :func:`read_regular` reads: a bounded regular file, else one ``error`` sentence) written to
+    ``dest`` by :func:`atomic_write_bytes`: a link planted at ``dest`` is replaced, not written through."""
+    atomic_write_bytes(dest, read_regular(src, error, limit=limit))
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (for :func:`replace_dir`), with the permissions of any folder the process makes
+    (``mkdtemp`` makes 0700: a checkpoint or a base model whose files are 0644 in a folder only its owner can open)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
@@ -128,11 +154,6 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
         os.replace(trash, dest)
         raise
     shutil.rmtree(trash, ignore_errors=True)
-
-
-# What a stage reads besides params (prompt files, a run's buffered metrics, a report's summaries) is a regular file
-# of bounded size: /dev/zero would be read until memory ran out, a FIFO would block for ever.
-MAX_READ_BYTES = 256 << 20
 
 
 def read_regular(path: str | os.PathLike, error: type[Exception], *, limit: int = MAX_READ_BYTES,

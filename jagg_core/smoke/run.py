@@ -42,6 +42,13 @@ from jagg_core.setup.params_io import load_params
 from jagg_core.bench.models import LARGE_GEOMETRY, BenchError
 
 from ..policies.tiny import FluxShape, build_flux
+from jagg_core.bench.run import machine_info
+from jagg_core.build import pick_device
+from jagg_core.pipeline.report import cost_model_speedup
+from jagg_core.setup.storage import atomic_write_text
+from jagg_core.trainer import train
+from jagg_core.trainer.checkpoint import Checkpoint
+from .wan import WAN_PROFILES, WAN_SIZES, build_tiny_wan, wan_overrides
 
 __all__ = ["SIZES", "SmokeConfig", "SmokeError", "SmokeSize", "build_tiny_flux", "check", "run_smoke",
            "smoke_params", "write_result"]
@@ -145,8 +152,6 @@ class SmokeConfig:
     overrides: dict[str, Any] = field(default_factory=dict)  # --set KEY=VALUE, after the smoke test's own
 
     def resolved_size(self) -> SmokeSize:
-        from .wan import WAN_PROFILES, WAN_SIZES
-
         name = self.size or ("gpu" if self.device == "cuda" else "cpu")
         if name not in SIZES:
             raise SmokeError(f"unknown size {name!r}; sizes: {', '.join(SIZES)}.")
@@ -175,8 +180,6 @@ class SmokeConfig:
 def smoke_params(cfg: SmokeConfig, model_dir: str | Path, *, params_path: str | Path) -> tuple[Params, dict]:
     """The profile's params with its weights swapped for ``model_dir`` and the smoke test's sizes; returns them and
     the overrides applied (for the record)."""
-    from .wan import WAN_PROFILES, wan_overrides
-
     real = load_params(params_path, cfg.profile)
     wan = cfg.profile in WAN_PROFILES
     if real.model.backbone != ("wan" if wan else "flux"):
@@ -232,8 +235,6 @@ def _free_cuda() -> None:
 
 def _method_row(params: Params, name: str, history: list[dict[str, float]], peak_mb: float | None,
                 wall_s: float) -> dict:
-    from jagg_core.pipeline.report import cost_model_speedup
-
     first = history[0]
     timed = history[1:]  # the first iteration is warm-up (allocator, kernels, caches)
     kl, clip = first.get("train/approx_kl", float("nan")), first.get("train/clipfrac", float("nan"))
@@ -264,9 +265,6 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
     Run it in a process of its own (`jagg smoke` is one): the trainer's ``Accelerator`` sets accelerate's
     process-wide state to bf16 mixed precision, and a later ``Accelerator`` with other settings in the same process
     would be refused."""
-    from jagg_core.build import pick_device
-    from jagg_core.setup.storage import atomic_write_text
-
     cfg.validate()
     say = progress or (lambda _msg: None)
     size = cfg.resolved_size()
@@ -274,7 +272,6 @@ def run_smoke(cfg: SmokeConfig, *, params_path: str | Path, progress: Callable[[
         torch.set_num_threads(cfg.threads)
     with tempfile.TemporaryDirectory(prefix="jagg-smoke-") as tmp:
         root = Path(tmp)
-        from .wan import WAN_PROFILES, build_tiny_wan
 
         wan = cfg.profile in WAN_PROFILES
         model_dir = root / "models" / ("tiny-wan" if wan else "tiny-flux")
@@ -296,8 +293,6 @@ def _train_methods(cfg: SmokeConfig, params, root: Path, device: torch.device,  
                    say: Callable[[str], None]) -> tuple[list[dict], int | None]:
     """Each method trained in turn from the same tiny model: its row (times, first step, peak memory) and the
     trainable parameter count, with the update and iteration speedups against the first method."""
-    from jagg_core.trainer import train
-
     rows, trainable = [], None
     for name in cfg.methods:
         _free_cuda()
@@ -331,8 +326,6 @@ def _train_methods(cfg: SmokeConfig, params, root: Path, device: torch.device,  
 def _result(cfg: SmokeConfig, params, overrides: dict, device: torch.device, size,  # noqa: ANN001
             rows: list[dict], trainable: int | None) -> dict:
     """The smoke test's result: machine, configuration, model, recipe, each method's row and the checks."""
-    from jagg_core.bench.run import machine_info
-
     sample = params.sample
     out = {
         "kind": "jagg-smoke",
@@ -362,7 +355,6 @@ def _trainable_count(checkpoint: Path | None) -> int | None:
     """Trained parameters, counted from the run's last checkpoint (the policy is gone by then)."""
     if checkpoint is None:
         return None
-    from jagg_core.trainer.checkpoint import Checkpoint
 
     return int(sum(t.numel() for t in Checkpoint(checkpoint, 0).tensors().values()))
 
@@ -391,8 +383,6 @@ def check(result: Mapping[str, Any]) -> dict:
 
 def write_result(result: Mapping[str, Any], path: str | Path) -> Path:
     """The result as JSON, written atomically."""
-    from jagg_core.setup.storage import atomic_write_text
-
     def clean(x: Any) -> Any:  # NaN (no value) as null: strict JSON
         if isinstance(x, float) and math.isnan(x):
             return None

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..setup.storage import atomic_write_text
+from .errors import TrainingError
 
 __all__ = ["TsvCurve"]
 
@@ -40,8 +41,6 @@ class TsvCurve:
     def _check_complete(self, resume_from: int) -> None:
         """A resumed curve holds iterations 1..``resume_from``, each once; a truncated or deleted one would be
         continued silently with holes (the report would read a curve of iterations 1 and 3), so it is refused."""
-        from .errors import TrainingError
-
         have = [int(r["iteration"]) for r in self.rows if "iteration" in r]
         if have == list(range(1, resume_from + 1)):
             return
@@ -59,8 +58,6 @@ class TsvCurve:
     def _parse(self, row: Mapping[Any, Any], line: int) -> dict[str, float]:
         """One row of numbers; anything else is one sentence naming the file and the line (raised in the worker, it
         stays a user error across the process boundary instead of a "died worker" that Prefect retries)."""
-        from .errors import TrainingError
-
         try:
             return {str(k): float(v) for k, v in row.items() if v not in ("", None)}
         except (TypeError, ValueError):

@@ -14,20 +14,20 @@ import contextlib
 import time
 
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ..setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
-from ..jagg import Group, group_backward
+from ..jagg import Group, run_group
 from ..loss import kernel_kl, ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
 from .distributed import GradSync, NoSync
 from .rollout import Trajectory
 
-__all__ = ["StepFns", "UpdateContext", "UpdateStats", "accumulate_gradients", "make_step_fns", "trajectory_fidelity"]
+__all__ = ["ImageSteps", "UpdateContext", "UpdateStats", "accumulate_gradients", "trajectory_fidelity"]
 
 
 def _clock(like: torch.Tensor) -> float:
@@ -75,89 +75,84 @@ class UpdateStats:
             self.extras.setdefault(k, []).extend(v if isinstance(v, list) else [v])
 
 
-class StepFns(NamedTuple):
-    """The callables :func:`jagg_core.group_backward` takes for one group of steps, over one set of image rows."""
+class ImageSteps:
+    """One group of stored steps over one set of image rows: the object :func:`jagg_core.run_group` backpropagates.
 
-    velocity: Callable[[int], torch.Tensor]  # j -> v_j (B, *latent), the policy on stored step j of the group
-    velocity_batch: Callable[[Sequence[int]], list[torch.Tensor]]  # [j, ...] -> [v_j, ...] in one policy call
-    step_loss: Callable[[int, torch.Tensor], tuple[torch.Tensor, dict]]  # (j, v) -> (scaled L_j, diagnostics)
-    middle_velocity: Callable[[int], torch.Tensor | None]  # j -> the rollout's own v_j, if it was kept
-    kl_ref_seconds: Callable[[], float]  # () -> seconds step_loss spent so far in train/kl_ref's reference forwards
-
-
-def make_step_fns(
-    ctx: UpdateContext,
-    traj: Trajectory,
-    images: torch.Tensor,
-    advantages: torch.Tensor,
-    steps: Sequence[int],
-    *,
-    scale: float,
-    kl_ref: bool = False,
-) -> StepFns:
-    """The :class:`StepFns` of the group ``steps`` for the image rows ``images``.
+    ``velocity(j)`` runs the policy on stored step j of the group; ``velocity_batch([j, ...])`` runs several in one
+    call; ``step_loss(j, v)`` is the scaled PPO loss L_j (and its diagnostics); ``middle_velocity(j)`` is the
+    rollout's own v_j when ``reuse`` is on and it was kept (None otherwise: a no-grad forward); ``before_backward``
+    is the gradient sync's.
 
     ``kl_ref``: also report ``kl_ref``, KL(policy ‖ reference) of the group's two endpoint steps (the steps whose
     graphs JAGG keeps, the same steps whatever the method; the β term's KL, :func:`kernel_kl`), under no_grad from one
     reference forward on the step's stored inputs (none more when β > 0: then every step's β-term KL is reported);
-    at β = 0 that forward's seconds add up in the returned ``kl_ref_seconds()`` (the trainer keeps them out of the
-    update's time, which the methods' speed comparison reads).
+    at β = 0 that forward's seconds add up in ``kl_ref_seconds`` (the trainer keeps them out of the update's time,
+    which the methods' speed comparison reads).
     """
-    policy, sample, train, autocast = ctx.policy, ctx.sample, ctx.train, ctx.autocast
-    embeds = traj.image_embeds(images)
-    n = len(images)
-    device = policy.device
-    latents = traj.latents[images]  # (n, T + 1, *latent)
-    adv = advantages[images].to(device)
-    kl_seconds = 0.0
 
-    def inputs(j: int):
-        step = steps[j]
-        return latents[:, step].to(device), traj.timesteps[step].to(device, torch.float32).expand(n)
+    def __init__(self, ctx: UpdateContext, traj: Trajectory, images: torch.Tensor, advantages: torch.Tensor,
+                 steps: Sequence[int], *, scale: float, kl_ref: bool = False, reuse: bool = False):
+        self.ctx, self.traj, self.images, self.steps = ctx, traj, images, steps
+        self.scale, self.kl_ref, self.reuse = scale, kl_ref, reuse
+        self.embeds = traj.image_embeds(images)
+        self.n = len(images)
+        self.device = ctx.policy.device
+        self.latents = traj.latents[images]  # (n, T + 1, *latent)
+        self.advantages = advantages[images].to(self.device)
+        self.before_backward = ctx.sync.before_backward
+        self.kl_ref_seconds = 0.0  # seconds of train/kl_ref's reference forwards (β = 0) so far
 
-    def velocity(j: int) -> torch.Tensor:
-        z, t = inputs(j)
-        with autocast():
-            return policy.velocity(z, t, embeds)
+    def _inputs(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        step = self.steps[j]
+        return (self.latents[:, step].to(self.device),
+                self.traj.timesteps[step].to(self.device, torch.float32).expand(self.n))
 
-    def velocity_batch(js: Sequence[int]) -> list[torch.Tensor]:
-        zs, ts = zip(*(inputs(j) for j in js))
-        with autocast():
-            v = policy.velocity(torch.cat(zs), torch.cat(ts), type(embeds).cat([embeds] * len(js)))
-        return list(v.split(n))
+    def velocity(self, j: int) -> torch.Tensor:
+        z, t = self._inputs(j)
+        with self.ctx.autocast():
+            return self.ctx.policy.velocity(z, t, self.embeds)
 
-    def step_loss(j: int, v: torch.Tensor):
-        nonlocal kl_seconds
-        step = steps[j]
-        z = latents[:, step].to(device)
-        nxt = latents[:, step + 1].to(device)
-        res = sde_step_with_logprob(z, v, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
-                                    noise_level=sample.noise_level, kind=sample.sde_kind, prev_sample=nxt)
-        ref_mean = None
-        kl_here = kl_ref and (train.beta > 0 or j in (0, len(steps) - 1))
-        if train.beta > 0 or kl_here:
-            t0 = _clock(z)
-            with torch.no_grad(), policy.reference():
-                zz, t = inputs(j)
-                with autocast():
-                    v_ref = policy.velocity(zz, t, embeds)
-                ref_mean = sde_step_with_logprob(z, v_ref, float(traj.sigmas[step]), float(traj.sigmas[step + 1]),
-                                                 noise_level=sample.noise_level, kind=sample.sde_kind,
-                                                 prev_sample=nxt).mean
-            if train.beta == 0:
-                kl_seconds += _clock(z) - t0
-        out = ppo_step_loss(res.log_prob, traj.log_probs[images, step].to(device), adv, clip_range=train.clip_range,
-                            mean=res.mean, ref_mean=ref_mean, std=res.std, beta=train.beta)
+    def velocity_batch(self, js: Sequence[int]) -> list[torch.Tensor]:
+        zs, ts = zip(*(self._inputs(j) for j in js))
+        with self.ctx.autocast():
+            v = self.ctx.policy.velocity(torch.cat(zs), torch.cat(ts), type(self.embeds).cat([self.embeds] * len(js)))
+        return list(v.split(self.n))
+
+    def middle_velocity(self, j: int) -> torch.Tensor | None:
+        v = self.traj.velocities.get(self.steps[j]) if self.reuse else None
+        return None if v is None else v[self.images].to(self.device)
+
+    def _sde_step(self, j: int, v: torch.Tensor):
+        step, traj, sample = self.steps[j], self.traj, self.ctx.sample
+        return sde_step_with_logprob(self.latents[:, step].to(self.device), v, float(traj.sigmas[step]),
+                                     float(traj.sigmas[step + 1]), noise_level=sample.noise_level,
+                                     kind=sample.sde_kind, prev_sample=self.latents[:, step + 1].to(self.device))
+
+    def _reference_mean(self, j: int) -> torch.Tensor:
+        """The SDE step's mean under the reference policy (no_grad); at β = 0 its seconds go to kl_ref_seconds."""
+        z = self.latents[:, self.steps[j]].to(self.device)
+        t0 = _clock(z)
+        with torch.no_grad(), self.ctx.policy.reference():
+            zz, t = self._inputs(j)
+            with self.ctx.autocast():
+                v_ref = self.ctx.policy.velocity(zz, t, self.embeds)
+            mean = self._sde_step(j, v_ref).mean
+        if self.ctx.train.beta == 0:
+            self.kl_ref_seconds += _clock(z) - t0
+        return mean
+
+    def step_loss(self, j: int, v: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        train = self.ctx.train
+        res = self._sde_step(j, v)
+        kl_here = self.kl_ref and (train.beta > 0 or j in (0, len(self.steps) - 1))
+        ref_mean = self._reference_mean(j) if train.beta > 0 or kl_here else None
+        out = ppo_step_loss(res.log_prob, self.traj.log_probs[self.images, self.steps[j]].to(self.device),
+                            self.advantages, clip_range=train.clip_range, mean=res.mean, ref_mean=ref_mean,
+                            std=res.std, beta=train.beta)
         extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
         if kl_here:
             extras["kl_ref"] = out.kl if train.beta > 0 else kernel_kl(res.mean.detach(), ref_mean, res.std)
-        return out.loss * scale, extras
-
-    def middle_velocity(j: int):
-        v = traj.velocities.get(steps[j])
-        return None if v is None else v[images].to(device)
-
-    return StepFns(velocity, velocity_batch, step_loss, middle_velocity, lambda: kl_seconds)
+        return out.loss * self.scale, extras
 
 
 def accumulate_gradients(
@@ -174,7 +169,7 @@ def accumulate_gradients(
 
     With ``train.kl_ref``, ``measure_kl_ref`` (the trainer's cadence, ``train.kl_ref_every``; at β > 0 the loss's KL
     is reported whatever it says) and a reference at hand (LoRA, or the copy :meth:`Policy.keep_reference` froze)
-    each group's endpoint steps also report ``kl_ref`` (:func:`make_step_fns`); the seconds of its reference forwards
+    each group's endpoint steps also report ``kl_ref`` (:class:`ImageSteps`); the seconds of its reference forwards
     (β = 0) are the returned ``kl_ref_seconds``.
 
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
@@ -190,16 +185,10 @@ def accumulate_gradients(
     for m, mb in enumerate(micro):
         for k, g in enumerate(groups):
             sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
-            fns = make_step_fns(ctx, traj, mb, advantages, g.steps, scale=len(mb) / local / n_steps, kl_ref=kl_ref)
-            gs = group_backward(
-                fns.velocity, fns.step_loss, traj.timesteps[list(g.steps)], g.mode, method.variant,
-                anchors=method.anchors,
-                middle_velocity=fns.middle_velocity if reuse else None,
-                velocity_batch=fns.velocity_batch if method.variant == "joint" or g.mode == "exact_batched" else None,
-                before_backward=sync.before_backward,
-            )
-            stats.add(gs)
-            kl_seconds += fns.kl_ref_seconds()
+            steps = ImageSteps(ctx, traj, mb, advantages, g.steps, scale=len(mb) / local / n_steps, kl_ref=kl_ref,
+                               reuse=reuse)
+            stats.add(run_group(steps, traj.timesteps[list(g.steps)], g.mode, method.variant, anchors=method.anchors))
+            kl_seconds += steps.kl_ref_seconds
     stats.kl_ref_seconds = kl_seconds
     return stats
 
@@ -214,8 +203,8 @@ def trajectory_fidelity(ctx: UpdateContext, traj: Trajectory, advantages: torch.
     steps = traj.train_steps
     method = ctx.method
 
-    def fns(i: int) -> StepFns:
-        return make_step_fns(ctx, traj, rows, advantages, [steps[i]], scale=1.0)
+    def fns(i: int) -> ImageSteps:
+        return ImageSteps(ctx, traj, rows, advantages, [steps[i]], scale=1.0)
 
     return gradient_fidelity(ctx.policy.trainable_parameters(), lambda i: fns(i).velocity(0),
                              lambda i, v: fns(i).step_loss(0, v), traj.timesteps[steps], method.window,

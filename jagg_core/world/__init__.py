@@ -11,65 +11,14 @@ pairs for pretraining. The toy rewards (:mod:`jagg_core.rewards.toy`) score imag
 - :mod:`.splits`: train/test prompt splits in the HPSv2.1 benchmark layout.
 """
 
-from .grammar import caption, parse_prompt, shown_prompt, vocabulary
-from .render import cell_boxes, object_mask, render, templates
-from .sample import (
-    CORRUPTIONS,
-    corrupt_spec,
-    sample_prompt,
-    sample_spec,
-    sample_training_pair,
-    scene_for_prompt,
-)
-from .scene import (
-    BACKGROUNDS,
-    CELLS,
-    COLORS,
-    FAMILIES,
-    NUMBERS,
-    PLURALS,
-    RELATIONS,
-    SHAPES,
-    SIZES,
-    Object,
-    ObjectSpec,
-    PromptSpec,
-    Scene,
-    cell_assignments,
-)
-from .splits import make_prompt_splits, read_benchmark, validate_style, write_prompt_splits
+import importlib as _importlib
 
-__all__ = [
-    "BACKGROUNDS",
-    "CELLS",
-    "COLORS",
-    "CORRUPTIONS",
-    "FAMILIES",
-    "NUMBERS",
-    "PLURALS",
-    "RELATIONS",
-    "SHAPES",
-    "SIZES",
-    "Object",
-    "ObjectSpec",
-    "PromptSpec",
-    "Scene",
-    "caption",
-    "cell_assignments",
-    "cell_boxes",
-    "corrupt_spec",
-    "make_prompt_splits",
-    "object_mask",
-    "parse_prompt",
-    "read_benchmark",
-    "render",
-    "sample_prompt",
-    "sample_spec",
-    "sample_training_pair",
-    "scene_for_prompt",
-    "shown_prompt",
-    "templates",
-    "validate_style",
-    "vocabulary",
-    "write_prompt_splits",
-]
+from .grammar import *  # noqa: F401,F403  (each module's __all__ is the package's)
+from .render import *  # noqa: F401,F403
+from .sample import *  # noqa: F401,F403
+from .scene import *  # noqa: F401,F403
+from .splits import *  # noqa: F401,F403
+
+# the modules by name (``render`` above is the function of that name, not its module)
+__all__ = sorted(name for module in ("grammar", "render", "sample", "scene", "splits")
+                 for name in _importlib.import_module(f"{__name__}.{module}").__all__)
