@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
     overrides = parse_overrides(args.overrides) or None
     params = flow_params(args.profile, args.params, overrides)  # bad params fail here, before Prefect starts
+    if params.resources.dispatch == "pool":  # its units go to the pool's workers, which a temporary server has none of
+        raise ParamsError("resources.dispatch = pool sends the trainings to the work pool's workers, which `jagg run`'s "
+                          "temporary server has none of: start the services (`jagg services up`, a worker per host: "
+                          f"docs/scaling.md) and run `prefect deployment run 'jagg-reproduce/{params.profile}'`.")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     t0 = time.perf_counter()
     stop_on_signals()  # SIGTERM / Ctrl-C: the trainers' groups stop at once, then the temporary server

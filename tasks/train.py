@@ -154,11 +154,12 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
-              restart: bool = False, machine: Machine | None = None) -> dict:
+              restart: bool = False, machine: Machine | None = None, take_over: bool = False) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics.
 
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
-    keeps the MLflow run; the others only take their share of the training.
+    keeps the MLflow run; the others only take their share of the training. ``take_over``: the run's MLflow run may
+    be left RUNNING by a process of another host that crashed (a pool-dispatched unit resubmitted): take it.
     """
     from jagg_core.build import check_model_files
     from jagg_core.pipeline.tracking import Tracker
@@ -176,8 +177,9 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     # Another live process trains it: this one neither trains nor ends its run. An owner that cannot be checked from
-    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart.
-    if not tracker.claim(mlflow_run, take_over=restart):
+    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart or ``take_over`` (a
+    # pool-dispatched unit submitted again after Prefect saw its flow run crash: flows/pool.py).
+    if not tracker.claim(mlflow_run, take_over=restart or take_over):
         from jagg_core.setup.storage import LockedError
 
         raise LockedError(tracker.held_sentence(run, mlflow_run))
@@ -268,9 +270,10 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
     return retry_only_died(task, task_run, state)
 
 
-def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
+def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False,
+                take_over: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
-    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
+    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart, take_over=take_over)
 
 
 
