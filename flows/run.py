@@ -169,6 +169,7 @@ def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
     """The side-by-side update speedups of the run's methods (the `speed` stage), one line: the measurement the
     report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`, which reads it
     bounded and regular: a FIFO there hung `jagg run` after "done"), or why none."""
+    # the report module loads torch; flows stay import-light (docs/architecture.md)
     from jagg_core.pipeline.report import read_side_by_side
 
     try:

@@ -88,6 +88,7 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
           sweep: str = DEFAULT_SWEEP, main_job: str | Path | None = None) -> list[Path]:
     """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
     weights); returns the JSON files written under ``root / out``."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import pick_device
 
     cfg.validate()

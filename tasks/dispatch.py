@@ -20,6 +20,9 @@ from typing import Any
 from jagg_core.errors import UserError
 from jagg_core.setup.config import Params
 from jagg_core.setup.redact import redact
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.storage import atomic_write_text
+from jagg_core.pipeline.mlflow_store import resolve_uri
 
 __all__ = ["SENTINELS", "DispatchError", "check_shared", "remove_sentinel", "where", "write_sentinel"]
 
@@ -39,9 +42,6 @@ def where() -> dict[str, str]:
 def write_sentinel(params: Params, root: Path, sweep: str) -> dict[str, str]:
     """Write this sweep's token into the project folder and onto its MLflow parent run; returns what every unit is
     given to check its own view against (:func:`check_shared`)."""
-    from jagg_core.pipeline.tracking import Tracker
-    from jagg_core.setup.storage import atomic_write_text
-
     token = secrets.token_hex(16)
     tracker = Tracker(params, root)
     sweep_run = tracker.sweep_run(sweep)  # checks the sweep's name, which names the file too
@@ -81,8 +81,6 @@ def check_shared(params: Params, root: Path, sweep: str, shared: dict[str, Any])
 def _sweep_token(params: Params, root: Path, sweep: str, who: str) -> str | None:
     """The token on ``sweep``'s parent run in the store this worker sees, read only (no experiment is created)."""
     from mlflow.tracking import MlflowClient
-
-    from jagg_core.pipeline.mlflow_store import resolve_uri
 
     uri = resolve_uri(params.tracking.mlflow_uri, root)
     try:

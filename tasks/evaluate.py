@@ -29,6 +29,7 @@ from jagg_core.setup.storage import read_score_records
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation.evaluate import test_prompts
     from jagg_core.rewards import check_rewards
 
@@ -51,6 +52,7 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
 
 def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str, log) -> dict:  # noqa: ANN001
     """The evaluation itself, once its MLflow run is open (``tracker.ending`` around it in :func:`evaluate`)."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import image_grid
 
@@ -64,6 +66,7 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
     n = params.eval.num_images_logged
     if n:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation.benchmark import image_path, load_image
         from jagg_core.evaluation.clip_layout import strip_path, strips_grid
 
@@ -85,6 +88,7 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
                                  point["step"])
     tracker.log_artifact(run_id, lay.eval_dir(run) / "metrics.json", "eval")
     if run == "base" and params.is_toy:  # the toy's ceiling, beside its base model: the report's gap to close
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation.evaluate import evaluate_ground_truth
 
         truth = {k: v["benchmark"] for k, v in evaluate_ground_truth(params, lay)["metrics"].items()}
@@ -152,6 +156,7 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
     """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
     from accelerate import PartialState
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import pick_device
     from jagg_core.evaluation.evaluate import Part, evaluate_run
 

@@ -24,6 +24,7 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
     """Export checkpoint ``step`` (default: the newest verified one) of ``run``; returns the folder written."""
     import torch
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import policy_from_params
     from jagg_core.pipeline.export import ExportError, export_transformer
     from jagg_core.policies.lora import load_trainable_state_dict

@@ -29,6 +29,7 @@ def prepare(params: Params, lay: Layout) -> dict:
         train, test, validation = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style, w.n_validation_per_style)
         write_prompt_splits(lay.prompts, train, test, validation)
     else:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation import load_hps_benchmark
         from jagg_core.evaluation.protocols import load_hpdv2_test
 

@@ -121,6 +121,7 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     if not force and (lay.base_model / "transformer").is_dir() and _same_recipe(card_path, params):
         log.info("base model %s is up to date (same pretrain and world params); kept", lay.base_model)
         return _read_card(card_path)
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation import load_hps_benchmark
     from jagg_core.pipeline.pretrain import pretrain_toy
 

@@ -19,6 +19,7 @@ from jagg_core.pipeline.report_stats import ReportError
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.pipeline.report import build_report
 
     log = stage_logger("report")
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = inside(ROOT, args.base_grid, "--base-grid", kind="file") if args.base_grid else None
     dest = inside(ROOT, args.copy_to, "--copy-to", kind="dir") if args.copy_to else None
     if grid is not None:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.pipeline.report_figures import base_model_grid
 
         if grid.suffix.lower() != ".png":

@@ -19,6 +19,9 @@ from typing import Any
 from pathlib import Path
 
 from .common import ROOT, ServiceError, cli, load
+from jagg_core.pipeline.tracking import resolve_uri
+from jagg_core.setup.storage import atomic_write_text
+from .launch import Interrupted
 
 STATE = ROOT / ".services"
 BIN = Path(sys.executable).parent
@@ -179,8 +182,6 @@ def _interruptible() -> None:
     the main thread, so what was started is stopped in ``except``/``finally`` and the entry point exits 128 + signal.
     (SIGTERM or Ctrl-C used to end `jagg services up` mid-start without stopping the server it had started; `jagg
     ui`, an ``exec`` of mlflow, exited 0 after SIGTERM.)"""
-    from .launch import Interrupted
-
     def handler(signum: int, frame) -> None:  # noqa: ANN001
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up, bounded: a second signal does not cut it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -262,8 +263,6 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
     _write_pids(pids)
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
     if mlflow_port:
-        from jagg_core.pipeline.tracking import resolve_uri
-
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
@@ -275,8 +274,6 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
 
 
 def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
-    from jagg_core.setup.storage import atomic_write_text
-
     atomic_write_text(f or STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
 
 
@@ -297,8 +294,6 @@ def down() -> None:
 def ui(host: str, port: int) -> int:
     """The MLflow UI in the foreground on the project's store, in a process group of its own that SIGTERM and
     Ctrl-C stop whole (mlflow's parent process and its server)."""
-    from jagg_core.pipeline.tracking import resolve_uri
-
     store = resolve_uri(load().tracking.mlflow_uri, ROOT)
     proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", host, "--port", str(port), "--backend-store-uri",
                              store, "--workers", "1"], env=_env(), start_new_session=True)

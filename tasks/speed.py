@@ -25,6 +25,7 @@ def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | N
     all); returns the result (also ``runs/<outputs>/speed.json``)."""
     import torch
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.bench.side_by_side import side_by_side, write_result
     from jagg_core.build import pick_device, policy_from_params
 
