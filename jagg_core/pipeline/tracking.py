@@ -21,7 +21,7 @@ from ..setup.config import Params
 from ..setup.redact import flatten, redact
 from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
                            store_failure)
-from jagg_core.setup.storage import atomic_write_text, read_regular
+from jagg_core.setup.storage import atomic_write_text, json_lines, read_regular
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -519,17 +519,9 @@ class MlflowLogger:
         """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
         damaged byte) is skipped with a warning naming the file and the line: the records around it still reach the
         store, and a trained run is not failed for one lost metrics line."""
-        import json
-
         data = read_regular(self.buffer, TrackingError, fix="move it aside (the run's buffered metrics are in it)")
         records, bad = [], []
-        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
+        for n, record in json_lines(data.decode("utf-8", "replace")):
             ok = isinstance(record, dict) and (
                 record.get("kind") == "metrics" and isinstance(record.get("metrics"), dict)
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in record["metrics"].values())

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import UserError
 
@@ -22,6 +22,8 @@ __all__ = [
     "MAX_READ_BYTES",
     "read_regular",
     "read_score_records",
+    "json_lines",
+    "finite_json",
     "base_model_digest",
     "folder_digest",
     "LockedError",
@@ -346,10 +348,22 @@ def finite_json(tree: Any) -> tuple[Any, int]:
     return walk(tree), count
 
 
+def json_lines(text: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON-lines text; a line that is not JSON gives None (a
+    write cut short, a damaged byte): the caller says what a whole record is and what to do with the others."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError:
+            yield n, None
+
+
 def read_score_records(path: str | Path, error: type[Exception], *, fix: str) -> list[dict[str, Any]]:
-    """The rows ``jagg_core.evaluation.benchmark.score_records`` wrote to an evaluation step's ``scores.jsonl``, read bounded and regular
-    (:func:`read_regular`: a FIFO there hung the report and evaluation, a link to /dev/zero
-    read until memory ran out, a folder was an IsADirectoryError), each line checked (a file cut short was a
+    """The rows ``jagg_core.evaluation.benchmark.score_records`` wrote to an evaluation step's ``scores.jsonl``, read
+    bounded and regular (:func:`read_regular`: a FIFO there hung the report and evaluation, a link to /dev/zero read
+    until memory ran out, a folder was an IsADirectoryError), each line checked (a file cut short was a
     JSONDecodeError traceback): any problem is one ``error`` sentence naming the file, ending with ``fix``."""
     path = Path(path)
     try:
@@ -357,13 +371,7 @@ def read_score_records(path: str | Path, error: type[Exception], *, fix: str) ->
     except UnicodeDecodeError:
         raise error(f"{path} is not UTF-8 text; {fix}.") from None
     rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
+    for n, row in json_lines(text):
         good = (isinstance(row, dict) and isinstance(row.get("style"), str) and isinstance(row.get("prompt"), str)
                 and type(row.get("index")) is int and row["index"] >= 0
                 and all(type(v) in (int, float) for k, v in row.items() if k not in ("style", "index", "prompt")))
