@@ -5,57 +5,31 @@ Every flow takes the profile, an optional params file and optional parameter ove
 validated by the same schema as params.yaml, with the same one-sentence errors. A flow run with overrides is a sweep
 point: its runs, checkpoints, evaluations and report go to folders of its own (``<profile>-<digest of the overrides>``),
 beside the profile's, while it shares the profile's prompt set and base model. Overrides of ``tracking.*`` and
-``resources.*`` alone (where results are logged, which devices run them) keep the profile's folders.
+``resources.*`` (where results are logged, which devices run them) are no part of the digest: alone they keep the
+profile's folders, beside others the point's; a secret is hashed redacted (``sweep_digest``). With
+``resources.dispatch: pool`` every training and evaluation of the reproduction is a flow run of its own on the work
+pool, taken by any worker on any host (``flows/pool.py``; docs/scaling.md).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from prefect import allow_failure, flow
-from prefect.context import FlowRunContext
 from prefect.futures import as_completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.config import ParamsError
 from jagg_core.setup.paths import run_name
 from jagg_core.setup.redact import redact
-from tasks.common import load, shown_redacted
+from tasks.common import shown_redacted
 
-from .secrets import restore
+from .pool import run_on_pool
 from .stages import evaluate_task, prepare_task, pretrain_task, report_task, speed_task, train_task
+from .sweep import flow_params, sweep_digest, sweep_name
 
-# Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
-_SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")
-# Overrides of how runs are logged and placed, not of what they compute: the profile's own folders.
-_NEUTRAL_SECTIONS = ("tracking.", "resources.")
-
-
-def sweep_name(sweep: str | None) -> str:
-    """The MLflow parent run of this flow run's runs: the given name, else the flow run's id."""
-    if sweep:
-        return sweep
-    ctx = FlowRunContext.get()
-    return str(ctx.flow_run.id) if ctx and ctx.flow_run else "default"
-
-
-def flow_params(profile: str | None, params_file: str | None = None, overrides: dict[str, Any] | None = None) -> Params:
-    """The validated params of a flow run; with overrides, a sweep point with output folders of its own."""
-    if overrides is not None and not isinstance(overrides, dict):
-        raise ParamsError(f"overrides must be a mapping of dotted keys to values, e.g. {{\"train.iterations\": 8}}; "
-                          f"got {type(overrides).__name__}.")
-    overrides = restore(overrides)  # `jagg run` hands Prefect its secrets redacted (flows/secrets.py)
-    shared = sorted(k for k in overrides or {} if k.startswith(_SHARED_SECTIONS))
-    if shared:
-        raise ParamsError(f"override {shared[0]} would change the prompt set or the base model that a sweep point "
-                          f"shares with its profile; add a profile to params.yaml for that.")
-    params = load(profile, params_file, overrides)
-    if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
-        digest = hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
-        params = params.model_copy(update={"outputs": f"{params.profile}-{digest}"})
-    return params
+__all__ = ["evaluate_only", "flow_params", "report_only", "reproduce", "sweep_digest", "sweep_name"]
 
 
 @flow(name="jagg-reproduce", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=4))
@@ -67,7 +41,8 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     Args:
         profile: a profile of params.yaml.
         parallel_runs: training runs at a time (on GPUs, give each method its devices in
-            resources.cuda_visible_devices).
+            resources.cuda_visible_devices); with resources.dispatch = pool, trainings and evaluations in flight on
+            the work pool's workers at a time.
         overrides: dotted params to change for this flow run, e.g. {"train.iterations": 8, "jagg.window": 8}.
         params_file: a params file other than the repository's params.yaml.
         sweep: name of the MLflow parent run (default: this flow run's id).
@@ -82,6 +57,11 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
         print(f"sweep point {params.outputs}: {json.dumps(redact(overrides), sort_keys=True, default=str)}")
     prepare_task(params)
     pretrain_task(params)
+    if params.resources.dispatch == "pool":  # every training and evaluation a flow run of its own (flows/pool.py)
+        finished = run_on_pool(params, profile=profile, parallel_runs=parallel_runs, sweep=sweep, overrides=overrides,
+                               params_file=params_file, restart=restart)
+        speed_task(params)
+        return {"report": report_task(params, sweep), "runs": finished}
     evaluate_task(params, "base", sweep)
     # Runs one at a time by default: on a shared CPU, overlapping runs would distort each other's timings (the
     # report's speed table times every method side by side at the end instead: its interleaved measurement).

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
-import json
 import os
 import signal
 import subprocess
@@ -23,6 +22,8 @@ from tasks.launch import die_with_parent, stop_on_signals
 
 from .reproduce import flow_params, reproduce
 from .secrets import withhold
+from jagg_core.errors import UserError
+from jagg_core.pipeline.report_pages import said
 
 
 @contextlib.contextmanager
@@ -134,12 +135,17 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(ap)
     ap.add_argument("--parallel-runs", type=int, default=1, help="training runs at a time (GPU partitions)")
     ap.add_argument("--restart", action="store_true",
-                    help="runs whose checkpoints were written with other params start over (moved aside)")
+                    help="runs whose checkpoints were written with other params start over (moved aside); MLflow "
+                         "runs left RUNNING by an owner this machine cannot check (another host's) are taken over")
     args = ap.parse_args(argv)
     if args.parallel_runs < 1:
         raise ParamsError(f"--parallel-runs {args.parallel_runs} must be at least 1.")
     overrides = parse_overrides(args.overrides) or None
     params = flow_params(args.profile, args.params, overrides)  # bad params fail here, before Prefect starts
+    if params.resources.dispatch == "pool":  # its units go to the pool's workers, which a temporary server has none of
+        raise ParamsError("resources.dispatch = pool sends the trainings to the work pool's workers, which `jagg run`'s "
+                          "temporary server has none of: start the services (`jagg services up`, a worker per host: "
+                          f"docs/scaling.md) and run `prefect deployment run 'jagg-reproduce/{params.profile}'`.")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     t0 = time.perf_counter()
     stop_on_signals()  # SIGTERM / Ctrl-C: the trainers' groups stop at once, then the temporary server
@@ -155,20 +161,35 @@ def main(argv: list[str] | None = None) -> int:
     lay = layout(params)
     print(f"\njagg: profile {params.profile} done in {time.perf_counter() - t0:.0f} s; report: "
           f"{(lay.report_dir / 'index.html').relative_to(ROOT)} (MLflow UI: `jagg ui`)")
-    print(_speed_line(lay))
+    print(_speed_line(params, lay))
     return 0
 
 
-def _speed_line(lay) -> str:  # noqa: ANN001  (Layout)
-    """The side-by-side update speedups of the run's methods (the `speed` stage), one line."""
+def _speed_line(params, lay) -> str:  # noqa: ANN001  (Params, Layout)
+    """The side-by-side update speedups of the run's methods (the `speed` stage), one line: the measurement the
+    report shows, taken at these params' settings (`jagg_core.pipeline.report.read_side_by_side`, which reads it
+    bounded and regular: a FIFO there hung `jagg run` after "done"), or why none."""
+    # the report module loads torch; flows stay import-light (docs/architecture.md)
+    from jagg_core.pipeline.report import read_side_by_side
+
     try:
-        table = json.loads(lay.speed.read_text())["table"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "jagg: no side-by-side speed measurement (resources.speed_rounds 0)"
-    parts = [f"{r['method']} {r['speedup']:.2f}x" + (" (above the cost model's ideal: not a gain)"
-                                                      if r.get("above_ideal") else f" (ideal {r['ideal']:.2f}x)")
-             for r in table if "speedup" in r and r["mode"] != "exact"]
-    return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+        side, why = read_side_by_side(params, lay)
+    except UserError as e:
+        return f"jagg: no side-by-side speed measurement ({e})"
+    if side is None:
+        return f"jagg: no side-by-side speed measurement ({why or 'resources.speed_rounds 0'})"
+    table = [r for r in side["table"] if r.get("method") in params.run.methods]
+    parts = [f"{r['method']} {said(r.get('speedup'), 2, 'x')}" + (
+                 " (above the cost model's ideal: not a gain)" if r.get("above_ideal") else
+                 f" (ideal {said(r.get('ideal'), 2, 'x')})")
+             for r in table if "speedup" in r and r.get("mode") != "exact"]
+    if parts:
+        return "jagg: update speedup vs the exact baseline, every method timed side by side: " + ", ".join(parts)
+    seconds = ", ".join(f"{r['method']} {said(r.get('update_s'), 3, ' s')}" for r in table if "update_s" in r)
+    if any(r.get("mode") == "exact" for r in table):
+        return f"jagg: only the exact baseline's update was timed ({seconds}); no other method to compare with it"
+    return ("jagg: no update speedup to show: the sweep has no exact baseline (a method of mode exact) to compare "
+            f"with; update seconds, timed side by side: {seconds or 'none'}")
 
 
 if __name__ == "__main__":

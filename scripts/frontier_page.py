@@ -40,6 +40,16 @@ def _iv(lo: float, hi: float, d: int = 4) -> str:
     return f"[{lo:+.{d}f}, {hi:+.{d}f}]"
 
 
+def _f(x: Any) -> float:
+    """A number of the summary: its null (what summary.json writes for NaN) as NaN."""
+    return float("nan") if x is None else float(x)
+
+
+def _nums(d: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An interval's mapping with its nulls as NaN (mean, lo, hi, sd)."""
+    return None if d is None else {k: (_f(v) if k in ("mean", "lo", "hi", "sd") else v) for k, v in d.items()}
+
+
 def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -74,8 +84,8 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
     out = []
     for m, f in final.items():
         try:
-            gain = f["intervals"][prim]["gain_seeds"]
-            gain_prompts = f["intervals"][prim].get("gain_prompts") or [float("nan")] * 2
+            gain = _nums(f["intervals"][prim]["gain_seeds"])
+            gain_prompts = [_f(x) for x in (f["intervals"][prim].get("gain_prompts") or [None, None])]
         except (KeyError, TypeError):
             raise PageError(f"the summary's final row of {m} has no gain interval of {prim}; {fix}.") from None
         sp = speed.get(m, {})
@@ -84,17 +94,19 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
                "reuse": bool(side_methods.get(m, {}).get("reuse", False)), "seeds": f.get("seeds", 0),
                "gain": gain, "gain_prompts": gain_prompts}
         if sr:
-            row.update(ideal=sr["ideal"], measured=sr.get("speedup", float("nan")), speed_source="side by side")
+            row.update(ideal=_f(sr.get("ideal")), measured=_f(sr.get("speedup")), speed_source="side by side")
         else:
-            row.update(ideal=sp.get("ideal_update_speedup", float("nan")),
-                       measured=sp.get("update_speedup", float("nan")), speed_source="the runs' own")
-        p = paired.get((m, "baseline"))
+            row.update(ideal=_f(sp.get("ideal_update_speedup")), measured=_f(sp.get("update_speedup")),
+                       speed_source="the runs' own")
+        p = _nums(paired.get((m, "baseline")))
+        if p is not None:
+            p["prompts_interval"] = [_f(x) for x in (p.get("prompts_interval") or [None, None])]
         row["paired"] = p
         row["verdict"] = "– (the baseline)" if m == "baseline" else (verdicts.get(m, {}).get("verdict") or "–")
         if m == "baseline" or row["mode"] == "exact":
             row["cos"] = "1 (the exact gradient, by construction)"
         elif m in cos_methods:
-            c = cos_methods[m]["cos"]
+            c = _nums(cos_methods[m]["cos"])
             hi = min(c["hi"], 1.0) if not math.isnan(c["hi"]) else c["hi"]  # a cosine is at most 1
             row["cos"] = f"{c['mean']:.3f} {_iv(c['lo'], hi, 3).replace('+', '')} ({cos_methods[m]['units']} rollouts)"
         else:
@@ -113,7 +125,7 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     base = next(r for r in rows if r["method"] == "baseline")
     g = base["gain"]
-    if not math.isnan(g.get("lo", float("nan"))):
+    if not (math.isnan(g.get("lo", float("nan"))) or math.isnan(g.get("hi", float("nan")))):
         ax.axhspan(g["lo"], g["hi"], color="0.85", label="exact baseline: gain's seeds' 95%")
     ax.axhline(g["mean"], color="0.5", lw=0.8)
     for i, r in enumerate(rows):
@@ -148,8 +160,7 @@ def table(rows: list[dict[str, Any]], prim: str) -> str:
     for r in rows:
         g, gp, p = r["gain"], r["gain_prompts"], r["paired"]
         exact = r["mode"] in ("exact", "exact_batched")
-        paired = "–" if not p else (f"{p['mean']:+.4f} {_iv(p['lo'], p['hi'])} "
-                                    f"{_iv(*(p.get('prompts_interval') or [float('nan')] * 2))}")
+        paired = "–" if not p else f"{p['mean']:+.4f} {_iv(p['lo'], p['hi'])} {_iv(*p['prompts_interval'])}"
         lines.append(
             f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
             f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "

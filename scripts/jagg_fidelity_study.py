@@ -54,6 +54,14 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from jagg_core.errors import UserError  # noqa: E402
+from jagg_core.setup.storage import atomic_write_text  # noqa: E402
+from tasks.common import cli  # noqa: E402  (the command line's rules: one sentence, exit 1, no traceback)
+
+
+class StudyError(UserError, ValueError):
+    """An input the study cannot run on."""
+
 RULES = ("t", "fit", "fit_image", "fit2", "oracle")  # α rules: see alpha_rules()
 
 
@@ -467,15 +475,13 @@ def methods_main(args, out: Path, log) -> int:
         ctx = UpdateContext(r.policy, r.method, r.params.sample, r.params.train, r.sync, r.autocast)
         log(f"model {name}: {loaded}; methods {', '.join(names)}")
         measure_methods(r, ctx, name, names, args, rows, log)
-    with open(out / "methods.jsonl", "w") as f:
-        for rec in rows:
-            f.write(json.dumps(rec) + "\n")
+    atomic_write_text(out / "methods.jsonl", "".join(json.dumps(rec) + "\n" for rec in rows))  # whole or not at all
     summary = summarise_methods(rows, names)
     summary["meta"] = {"profile": args.profile, "models": args.models, "rollouts": args.rollouts,
                        "reading": args.reading, "seed": args.seed, "first_iteration": args.first_iteration,
                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "command": " ".join(["python", "scripts/jagg_fidelity_study.py", *sys.argv[1:]])}
-    (out / "methods.json").write_text(json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "methods.json", json.dumps(summary, indent=1) + "\n")
     log(f"wrote {out / 'methods.jsonl'}, {out / 'methods.json'}")
     return 0
 
@@ -725,6 +731,59 @@ def markdown_tables(summary: dict, kinds: Sequence[str] = ("prompt:4", "prompt:8
     return "\n".join(out) + "\n"
 
 
+def _check_models(models: Sequence[str], ckpt_root: Path) -> None:
+    """Every ``--models`` name is ``base`` or a run name with a complete checkpoint under ``ckpt_root``, before any
+    model is measured (a name is a folder under it: ``jagg-s0/../x`` is refused, not followed)."""
+    from jagg_core.setup.paths import parse_run_name
+    from jagg_core.trainer.checkpoint import latest_checkpoint
+
+    for name in models:
+        if name == "base":
+            continue
+        parse_run_name(name, "--models")
+        if latest_checkpoint(ckpt_root / name) is None:
+            raise StudyError(f"--models {name}: there is no complete checkpoint under {ckpt_root / name}; train it "
+                             f"first or pass --ckpt-root.")
+
+
+def _read_readings(path: Path) -> list[dict]:
+    """The readings of earlier calls (none without the file), or one sentence naming the line that is not whole."""
+    from jagg_core.setup.storage import read_regular
+
+    if not path.exists() and not path.is_symlink():
+        return []
+    rows = []
+    for n, line in enumerate(read_regular(path, StudyError).decode("utf-8", "replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("model"), str):
+            raise StudyError(f"{path} line {n} is not a whole reading (a write cut short?); measure its model again "
+                             f"or restore the file.")
+        rows.append(row)
+    return rows
+
+
+def _read_meta(path: Path) -> dict:
+    """The ``meta`` of an earlier summary.json (how each model was measured), or one sentence."""
+    from jagg_core.setup.storage import read_regular
+
+    if not path.exists() and not path.is_symlink():
+        return {}
+    try:
+        meta = json.loads(read_regular(path, StudyError)).get("meta", {})
+    except (ValueError, AttributeError):
+        meta = None
+    if not isinstance(meta, dict):
+        raise StudyError(f"{path} is not a whole summary (a write cut short?); restore it or move it aside (its "
+                         f"'meta' says how each model was measured).")
+    return meta
+
+
+@cli
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="base", help="comma list: base and/or run names (<method>-s<seed>)")
@@ -749,12 +808,23 @@ def main(argv=None) -> int:
                     "whole update gradient against the exact one (methods.json), instead of the Gram study")
     ap.add_argument("--reading", type=int, default=16, help="--methods: images per reading, spread over the prompts")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    try:
+        sizes = [int(x) for x in args.sizes.split(",")] + [int(x) for x in args.spread.split(",")]
+    except ValueError:
+        ap.error("--sizes and --spread are comma lists of whole numbers, e.g. 4,8,16")
+    if any(n < 1 for n in sizes) or args.per_prompt < 1 or any(args.per_prompt % n for n in sizes):
+        ap.error("every --sizes and --spread value must be at least 1 and divide --per-prompt")
     out = Path(args.out)
+    path = out / "readings.jsonl"
+    rows = _read_readings(path)
+    meta = _read_meta(out / "summary.json")
+    if args.summarise_only and not rows:
+        raise StudyError(f"{path} holds no readings to summarise; measure a model first (without --summarise-only, "
+                         f"e.g. --models base).")
+    if not args.summarise_only:
+        _check_models(args.models.split(","), Path(args.ckpt_root))
+    torch.set_num_threads(args.threads)
     out.mkdir(parents=True, exist_ok=True)
-    sizes = [int(x) for x in args.sizes.split(",")] + [int(x) for x in args.spread.split(",")]
-    if any(args.per_prompt % n for n in sizes):
-        ap.error("every --sizes and --spread value must divide --per-prompt")
     t_start = time.perf_counter()
 
     def log(msg: str) -> None:
@@ -762,10 +832,6 @@ def main(argv=None) -> int:
 
     if args.methods:
         return methods_main(args, out, log)
-    path = out / "readings.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
-    old = out / "summary.json"
-    meta = json.loads(old.read_text()).get("meta", {}) if old.exists() else {}
     if not args.summarise_only:
         # one model at a time, each replacing its earlier readings (models are independent: the same seeds give the
         # same rollouts whether they are measured in one call or several)
@@ -783,9 +849,7 @@ def main(argv=None) -> int:
             new: list[dict] = []
             measure_model(r, ctx, name, args, new, log)
             rows = [x for x in rows if x["model"] != name] + new
-            with open(path, "w") as f:
-                for rec in rows:
-                    f.write(json.dumps(rec) + "\n")
+            atomic_write_text(path, "".join(json.dumps(rec) + "\n" for rec in rows))  # whole or not at all
             meta.setdefault("models", {})[name] = {
                 "loaded": loaded, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(time.process_time() - c0, 1),
@@ -801,7 +865,7 @@ def main(argv=None) -> int:
     rows = sorted(rows, key=lambda x: (order.index(x["model"]) if x["model"] in order else len(order)))
     summary = summarise(rows)
     summary["meta"] = meta
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1) + "\n")
     made = figures(rows, summary, out)
     if args.tables:
         print(markdown_tables(summary))

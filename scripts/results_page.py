@@ -20,6 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jagg_core.errors import UserError  # noqa: E402
+from tasks.common import cli  # noqa: E402  (the command line's rules: one sentence, exit 1, no traceback)
+
+
+class PageError(UserError, ValueError):
+    """An input the page cannot be written from."""
+
 
 def _iv(lo: float, hi: float) -> str:
     return f"[{lo:+.4f}, {hi:+.4f}]"
@@ -46,6 +53,57 @@ def _evaluated(s: dict) -> str:
     return f": {whole}, the curve's checkpoints on the first {n} prompts per style" if n else f": {whole} and so the curve's"
 
 
+PROFILE = "toy-full"  # the page's prose describes this profile's comparison
+REPORT = f"`jagg report --profile {PROFILE} --copy-to docs/results`"
+NEEDED = ("baseline", "jagg")  # the methods whose comparison the page reads (the verdict, the bars)
+
+
+def _read_summary(path: str) -> dict:
+    """toy-full's summary.json with what the page reads, or one sentence saying what is wrong with it."""
+    from jagg_core.setup.storage import read_regular
+
+    data = read_regular(path, PageError, fix=f"write it with {REPORT} or pass --summary PATH")
+    try:
+        s = json.loads(data)
+    except ValueError as e:
+        raise PageError(f"{path} is not whole JSON ({e.msg} at line {e.lineno}; cut short?); write it again with "
+                        f"{REPORT}.") from None
+    if not isinstance(s, dict) or not isinstance(s.get("final"), list) or not isinstance(s.get("paired"), list):
+        raise PageError(f"{path} is not a report's summary.json (no 'final' and 'paired' lists); pass the one "
+                        f"{REPORT} writes.")
+    if s.get("profile") != PROFILE:
+        raise PageError(f"{path} is the summary of profile {str(s.get('profile'))[:40]!r}; this page describes "
+                        f"{PROFILE}'s comparison: pass the summary of {REPORT}.")
+    methods = [r.get("method") for r in s["final"] if isinstance(r, dict)]
+    missing = [m for m in NEEDED if m not in methods]
+    pairs = [(p.get("a"), p.get("b")) for p in s["paired"] if isinstance(p, dict)]
+    if missing or ("jagg", "baseline") not in pairs:
+        raise PageError(f"{path} has no {' and no '.join(missing) or 'paired jagg − baseline'} result (its methods: "
+                        f"{', '.join(map(str, methods)) or 'none'}); the page compares jagg with the baseline, so its "
+                        f"sweep must train both.")
+    return s
+
+
+def _read_report(path: str, profile: str) -> str:
+    """The report's README.md, written for ``profile`` (a README of another profile would make a mixed page)."""
+    from jagg_core.setup.storage import read_regular
+
+    data = read_regular(path, PageError, fix=f"pass --report reports/{profile}/README.md, written by `jagg report`")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PageError(f"{path} is not UTF-8 text; pass the README.md that `jagg report` wrote.") from None
+    m = re.match(r"# jagg report — profile `([^`\n]*)`", text)
+    if not m:
+        raise PageError(f"{path} does not begin as a report's README.md does (\"# jagg report — profile …\"); pass "
+                        f"reports/{profile}/README.md.")
+    if m.group(1) != profile:
+        raise PageError(f"{path} is the report of profile {m.group(1)[:40]!r} but the summary is {profile}'s; pass the "
+                        f"README.md written with it (reports/{profile}/README.md), or the page would mix the two.")
+    return text
+
+
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", default=str(ROOT / "docs/results/summary.json"))
@@ -60,8 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN
+    from jagg_core.setup.storage import atomic_write_text
 
-    s = json.loads(Path(args.summary).read_text())
+    if Path(args.out).is_dir():
+        raise PageError(f"--out {args.out} is a folder; name the page's file, e.g. docs/results.md.")
+    s = _read_summary(args.summary)
+    report = _read_report(args.report, s["profile"])
+    try:
+        page = _page(args, s, report, NONINFERIORITY_MARGIN)
+    except (KeyError, TypeError, IndexError, ValueError) as e:  # a summary of another version of the report
+        what = f"{type(e).__name__}: {' '.join(str(e).split())[:80]}"
+        raise PageError(f"{args.summary} lacks what the page reads ({what}); write it again with {REPORT} at this "
+                        f"commit.") from None
+    atomic_write_text(args.out, page)  # whole or not at all
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _page(args: argparse.Namespace, s: dict, report: str, NONINFERIORITY_MARGIN: float) -> str:  # noqa: N803
     prim, pref = s["primary"], "toy_preference"
     final = {r["method"]: r for r in s["final"]}
     paired = {(p["a"], p["b"]): p for p in s["paired"]}
@@ -121,7 +195,6 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r.get('speedup', float('nan')):.2f}×{' ⚑' if r.get('above_ideal') else ''} | {r['ideal']:.2f}× |"
                   for r in side.get("table", [])]
 
-    report = Path(args.report).read_text()
     report = re.sub(r"\]\(([\w\-.]+\.png)\)", r"](results/\1)", report)
     report = re.sub(r"^# jagg report.*\n", "", report)
     report = re.sub(r"^(#+) ", r"#\1 ", report, flags=re.M)
@@ -191,9 +264,7 @@ baseline's mean final gain ({ttt.get('target_gain', float('nan')):+.4f}).
 ## The report's tables and figures
 
 {report}"""
-    Path(args.out).write_text(page)
-    print(f"wrote {args.out}")
-    return 0
+    return page
 
 
 if __name__ == "__main__":

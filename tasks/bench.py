@@ -24,6 +24,8 @@ from jagg_core.setup.config import Params
 
 from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.paths import inside
 
 __all__ = ["bench", "main", "parse_list"]
 
@@ -40,8 +42,6 @@ def parse_list(flag: str, text: str, kind: type, example: str) -> tuple:
 
 
 def _tracker(params: Params, root: Path):
-    from jagg_core.pipeline.tracking import Tracker
-
     tracking = params.tracking.model_copy(update={"experiment": EXPERIMENT})
     return Tracker(params.model_copy(update={"tracking": tracking}), root)
 
@@ -88,14 +88,19 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
           sweep: str = DEFAULT_SWEEP, main_job: str | Path | None = None) -> list[Path]:
     """Benchmark each built-in model of ``models``, or with ``profile`` the policy of ``params`` itself (from its
     weights); returns the JSON files written under ``root / out``."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import pick_device
 
     cfg.validate()
     log = stage_logger("bench")
     root = Path(root)
-    if main_job:  # a report folder inside the project (one rule for path arguments), read before the work
-        from jagg_core.setup.paths import inside
+    # Every path argument follows the project's one rule (inside the project, a folder or a file as it names),
+    # checked before the work: `--out ../b --write-docs ../b.md` wrote outside the project, and `--write-docs docs`
+    # (a folder) was an IsADirectoryError after the whole benchmark had run.
 
+    out_dir = inside(root, out, "--out", kind="dir")
+    docs = inside(root, write_docs, "--write-docs", kind="file") if write_docs else None
+    if main_job:  # a report folder inside the project, read before the work
         inside(root, main_job, "--main-job", kind="dir")
     job = {**read_main_job(root / main_job), "label": str(main_job)} if main_job else None  # fails before the work
     device = str(pick_device(params))
@@ -105,14 +110,14 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     results, paths = [], []
     for spec in specs:
         result = run_bench(spec, cfg, progress=log.info if progress else None)
-        path = save_result(result, root / out)
+        path = save_result(result, out_dir)
         log.info("bench %s: %s", spec.name, path)
         if tracker is not None:
             _log_mlflow(tracker, result, path, sweep)
         results.append(result)
         paths.append(path)
-    if write_docs:
-        log.info("bench: %s", write_markdown(results, root / write_docs, main_job=job))
+    if docs is not None:
+        log.info("bench: %s", write_markdown(results, docs, main_job=job))
     return paths
 
 

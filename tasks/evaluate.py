@@ -19,15 +19,19 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, free_port, layout, load, orchestration_tags,
                      parse_overrides, stage_logger)
-from .launch import die_with_parent, launch, local_context, read_context, user_error, write_context
+from .launch import die_with_parent, launch, local_context, read_context, stop_on_signals, user_error, write_context
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.registry import backbone_spec
+from jagg_core.evaluation import EvalError
+from jagg_core.evaluation.conventions import evaluation_conventions, split_named
+from jagg_core.setup.storage import read_score_records
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Evaluate ``run`` (``<method>-s<seed>`` or ``base``); metrics and images go to MLflow and ``eval/``."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation.evaluate import test_prompts
-    from jagg_core.evaluation.conventions import evaluation_conventions
     from jagg_core.rewards import check_rewards
-    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("evaluate")
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
@@ -37,7 +41,9 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     tracker = Tracker(params, lay.root)
     # The evaluation's conventions beside its scores: protocol, scorers (model, weights, scale), resolution, steps,
     # guidance, the per-prompt seed rule (jagg_core/evaluation/protocols.py)
-    tags = {**orchestration_tags(), **evaluation_conventions(params)}
+    # (on the validation split under eval-validation.*: the run may hold the test split's evaluation too)
+    tags = {**orchestration_tags(),
+            **{split_named(k, params.eval.split): v for k, v in evaluation_conventions(params).items()}}
     run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=tags)
     # Whatever ends the evaluation (an error, Ctrl-C, SIGTERM) ends a run it left RUNNING: FAILED or KILLED.
     with tracker.ending(run_id, only_running=True):
@@ -46,10 +52,11 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
 
 def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str, log) -> dict:  # noqa: ANN001
     """The evaluation itself, once its MLflow run is open (``tracker.ending`` around it in :func:`evaluate`)."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation.evaluate import evaluate_run
     from jagg_core.media import image_grid
 
-    logger = tracker.logger(run_id)
+    logger = EvalLogger(tracker, run_id, params.eval.split)
     if params.resources.num_processes > 1:
         result = _evaluate_in_processes(params, lay, run, log)
         for point in result["curve"]:
@@ -59,12 +66,14 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     # A few test images per evaluated step, under one key: MLflow's image grid compares methods step by step.
     n = params.eval.num_images_logged
     if n:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation.benchmark import image_path, load_image
         from jagg_core.evaluation.clip_layout import strip_path, strips_grid
-        from jagg_core.setup.registry import backbone_spec
 
         prompts = [(s, i, p) for s, ps in _first_prompts(lay, result).items() for i, p in enumerate(ps)][:n]
         for point in result["curve"]:
+            if point["step"] not in logger.new_steps:  # logged with its scores by an earlier evaluation
+                continue
             root = lay.eval_dir(run) / "steps" / f"{point['step']:06d}" / "images"
             if backbone_spec(params.model.backbone).video:  # clips: their saved frame strips, one per row
                 if prompts:
@@ -79,6 +88,7 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
                                  point["step"])
     tracker.log_artifact(run_id, lay.eval_dir(run) / "metrics.json", "eval")
     if run == "base" and params.is_toy:  # the toy's ceiling, beside its base model: the report's gap to close
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation.evaluate import evaluate_ground_truth
 
         truth = {k: v["benchmark"] for k, v in evaluate_ground_truth(params, lay)["metrics"].items()}
@@ -91,10 +101,39 @@ def _evaluate_logged(params: Params, lay: Layout, run: str, tracker, run_id: str
     return result
 
 
+class EvalLogger:
+    """The evaluation's MLflow logger (a :class:`~jagg_core.setup.metric_logger.MetricLogger`): its names say the
+    split (``eval/…`` on the test split, ``eval-validation/…`` on validation: ``conventions.split_named``), and each
+    point is logged once: a metric the run already holds at that step with that value is not appended again (every
+    re-evaluation appended the whole curve again). A step with nothing new logs no images either."""
+
+    def __init__(self, tracker, run_id: str, split: str):  # noqa: ANN001  (a Tracker)
+        self.logger, self.tracker, self.run_id, self.split = tracker.logger(run_id), tracker, run_id, split
+        self.new_steps: set[int] = set()  # steps at which this evaluation logged something the run did not hold
+        self._held: dict[str, set[tuple[int, float]]] = {}
+
+    def _holds(self, key: str, step: int, value: float) -> bool:
+        if key not in self._held:
+            self._held[key] = self.tracker.metric_points(self.run_id, key)
+        return (int(step), float(value)) in self._held[key]
+
+    def log_metrics(self, metrics, step: int) -> None:  # noqa: ANN001  (Mapping[str, float])
+
+        named = {split_named(k, self.split): v for k, v in metrics.items()}
+        new = {k: v for k, v in named.items() if v == v and not self._holds(k, step, v)}  # NaN: never logged
+        if new:
+            self.logger.log_metrics(new, step)
+            self.new_steps.add(int(step))
+            for k, v in new.items():
+                self._held[k].add((int(step), float(v)))
+
+    def log_image(self, image, key: str, step: int) -> None:  # noqa: ANN001
+
+        self.logger.log_image(image, split_named(key, self.split), step)
+
+
 def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict:  # noqa: ANN001
     """`accelerate launch` resources.num_processes evaluation workers of ``run``; returns rank 0's result."""
-    from jagg_core.evaluation.evaluate import EvalError
-
     context = local_context(f"evaluate-{run}")  # written 0600: params may hold credentials
     n = params.resources.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
@@ -117,6 +156,7 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
     """Inside `accelerate launch`: this process's share of the evaluation (rank 0 writes the summaries)."""
     from accelerate import PartialState
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import pick_device
     from jagg_core.evaluation.evaluate import Part, evaluate_run
 
@@ -127,11 +167,9 @@ def _worker(params: Params, lay: Layout, run: str) -> None:
 
 
 def _first_prompts(lay: Layout, result: dict, per_style: int = 2) -> dict[str, list[str]]:
-    import json
-
     out = {}
-    for line in (lay.root / result["images"]).parent.joinpath("scores.jsonl").read_text().splitlines():
-        row = json.loads(line)
+    path = (lay.root / result["images"]).parent / "scores.jsonl"
+    for row in read_score_records(path, EvalError, fix=f"run `jagg evaluate --run {result.get('run', 'RUN')}` again"):
         if row["index"] < per_style:
             out.setdefault(row["style"], []).append(row["prompt"])
     return out
@@ -159,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         _worker(params, lay, args.run)
         return 0
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    from .launch import stop_on_signals
 
     stop_on_signals()  # SIGTERM as Ctrl-C: the MLflow run ends KILLED, worker groups stop (tasks/launch.py)
     if args.run != "base":

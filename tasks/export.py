@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .common import ROOT, add_common_args, cli, layout, load, parse_overrides
+from jagg_core.setup.paths import inside, parse_run_name
 
 __all__ = ["export", "main"]
 
@@ -23,12 +24,11 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
     """Export checkpoint ``step`` (default: the newest verified one) of ``run``; returns the folder written."""
     import torch
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import policy_from_params
     from jagg_core.pipeline.export import ExportError, export_transformer
     from jagg_core.policies.lora import load_trainable_state_dict
     from jagg_core.trainer.checkpoint import list_checkpoints
-
-    from jagg_core.setup.paths import inside, parse_run_name
 
     parse_run_name(run)  # one reading of a run name: `../../esc/x-s0` names no run (it exported from outside)
     lay = layout(params, root)

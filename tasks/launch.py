@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import Iterator
 from jagg_core.errors import UserError
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
+from jagg_core.setup.storage import atomic_write_text, read_regular
 
 __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "launch", "outcome_file", "read_outcome",
            "user_error_class", "stop_on_signals", "local_context", "read_context",
@@ -34,11 +36,9 @@ __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "l
 
 def write_context(path: Path, params: Params, lay: Layout, mlflow_run: str, key: str, restart: bool = False) -> None:
     """What the workers need from the launcher, in a file only its owner can read (params may hold credentials)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump({"params": params.model_dump_json(), "root": str(lay.root), "mlflow_run": mlflow_run,
-                   "run_key": key, "restart": restart}, f)
+    # the project's one writing function: a link planted at `path` (a shared /tmp) is replaced, never written through
+    atomic_write_text(path, json.dumps({"params": params.model_dump_json(), "root": str(lay.root),
+                                        "mlflow_run": mlflow_run, "run_key": key, "restart": restart}), mode=0o600)
 
 
 def die_with_parent(sig: int) -> None:
@@ -187,13 +187,15 @@ def _write_outcome(context: str | os.PathLike | None, kind: str, cls: str, messa
     amount of output (a long traceback, accelerate's own lines) can scroll away."""
     if context is None:
         return
-    path = outcome_file(context)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"kind": kind, "class": cls, "message": message[:4000]}, f)
+    try:  # a link planted at the outcome's path is replaced, never written through (it was opened O_TRUNC through it)
+        atomic_write_text(outcome_file(context), json.dumps({"kind": kind, "class": cls, "message": message[:4000]}),
+                          mode=0o600)
     except OSError:  # a full or read-only disk: the launcher falls back to the worker's last lines
         pass
+
+
+class _NoOutcome(Exception):
+    """An outcome file that cannot be read (a FIFO, a folder, too large): no outcome, as a death leaves none."""
 
 
 def clear_outcomes(context: str | os.PathLike) -> None:
@@ -201,7 +203,8 @@ def clear_outcomes(context: str | os.PathLike) -> None:
     import glob
 
     for p in Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*"):
-        p.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            p.unlink(missing_ok=True)
 
 
 def read_outcome(context: str | os.PathLike | None) -> dict | None:
@@ -214,13 +217,13 @@ def read_outcome(context: str | os.PathLike | None) -> dict | None:
         return None
     found = []
     for p in sorted(Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*")):
-        try:
-            with open(p, "rb") as f:
-                record = json.loads(f.read(_MAX_OUTCOME + 1)[:_MAX_OUTCOME])
-        except (OSError, ValueError):
+        try:  # bounded and regular: a FIFO planted there blocked the launcher for good after the last iteration
+            record = json.loads(read_regular(p, _NoOutcome, limit=_MAX_OUTCOME))
+        except (_NoOutcome, ValueError):
             record = None
         finally:
-            p.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # a folder planted there is no outcome either
+                p.unlink(missing_ok=True)
         if isinstance(record, dict) and record.get("kind") in ("user", "worker") and \
                 all(isinstance(record.get(k), str) for k in ("class", "message")):
             found.append(record)
@@ -256,6 +259,37 @@ def worker_error(tail: deque) -> str | None:
     ``Class: message``, if it stopped with one (:func:`report_error_class` prints it)."""
     errors = [ln for ln in tail if ln.startswith(_WORKER_ERROR)]
     return errors[-1].removeprefix(_WORKER_ERROR) if errors else None
+
+
+# How a worker's death reaches the launcher's last lines: accelerate's own traceback ends with the CalledProcessError
+# of its one worker (the whole command line, the context file's path among it); torchrun's report (several processes)
+# names each failed rank's exit code and signal.
+_DIED_BY = re.compile(r"died with <Signals\.(SIG[A-Z0-9]+): (\d+)>|Signal (\d+) \((SIG[A-Z0-9]+)\) received by PID")
+_EXITED = re.compile(r"returned non-zero exit status (\d+)|exitcode\s*:\s*(\d+)\b")
+_SIGNAL_CAUSE = {"SIGKILL": "out of memory, or a kill -9 from outside", "SIGTERM": "stopped from outside",
+                 "SIGSEGV": "a crash", "SIGBUS": "a crash", "SIGABRT": "an abort"}
+
+
+def death(rc: int, tail: deque) -> str:
+    """How the workers ended, without an error of their own, as the end of one plain sentence: the signal that killed
+    one or the exit status it gave, read off accelerate's ``CalledProcessError`` (or torchrun's report) rather than
+    relaying that line, which is the worker's whole command."""
+    for line in reversed(tail):
+        m = _DIED_BY.search(line)
+        if m:
+            name, num = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            cause = _SIGNAL_CAUSE.get(name)
+            return f"its worker was killed by {name} (signal {num}{': ' + cause if cause else ''})"
+        m = _EXITED.search(line)
+        if m:
+            return f"its worker exited with status {m.group(1) or m.group(2)} without an error of its own"
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        return f"its launcher (accelerate) was killed by {name}"
+    return f"its launcher (accelerate) exited with status {rc} without saying why"
 
 
 def user_error_class(name: str, default: type[UserError]) -> type[UserError]:

@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="model FLOPs utilisation assumed for the times (default 0.35)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = ap.parse_args(argv)
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.pipeline.plan import UTILISATION, format_plan, plan
 
     util = UTILISATION if args.utilisation is None else args.utilisation

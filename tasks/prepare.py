@@ -15,24 +15,23 @@ from pathlib import Path
 
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
-from jagg_core.setup.storage import atomic_write_text, write_prompts_jsonl
+from jagg_core.setup.storage import atomic_write_text, read_prompts, write_prompts_jsonl
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
+from jagg_core.world import make_prompt_splits, write_prompt_splits
 
 
 def prepare(params: Params, lay: Layout) -> dict:
     """Write ``data/<profile>/prompts/{train.jsonl, benchmark/<style>.json | test.json}``; returns a summary."""
     log = stage_logger("prepare")
     if params.is_toy:
-        from jagg_core.world import make_prompt_splits, write_prompt_splits
-
         w = params.world
         train, test, validation = make_prompt_splits(w.seed, w.n_train, w.n_test_per_style, w.n_validation_per_style)
         write_prompt_splits(lay.prompts, train, test, validation)
     else:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.evaluation import load_hps_benchmark
         from jagg_core.evaluation.protocols import load_hpdv2_test
-        from jagg_core.setup.storage import read_prompts
 
         if not params.data.train_prompts:
             raise ParamsError(

@@ -13,23 +13,29 @@ import hashlib
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.setup.storage import atomic_write_text, replace_dir
+from jagg_core.setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
 
+def _read_card(card_path: Path) -> dict | None:
+    """A base model's ``card.json``, read bounded and regular (a FIFO there hung `jagg pretrain`); None where it
+    cannot be read or is not a mapping: no card, so the base model is made again (and its card rewritten whole)."""
+    try:
+        card = json.loads(read_regular(card_path, ValueError, limit=1 << 20).decode("utf-8"))
+    except ValueError:  # missing, not a regular file, too large, not UTF-8, not JSON
+        return None
+    return card if isinstance(card, dict) else None
+
+
 def _same_recipe(card_path, params: Params) -> bool:
     """Whether the saved base model was pretrained with exactly these ``pretrain`` and ``world`` params."""
-    try:
-        card = json.loads(card_path.read_text())
-    except (OSError, ValueError):
-        return False
+    card = _read_card(Path(card_path))
     want = json.loads(json.dumps({"pretrain": params.pretrain.model_dump(), "world": _pretrain_world(params)}))
     return isinstance(card, dict) and isinstance(card.get("world"), dict) and card.get("pretrain") == want["pretrain"] \
         and all(card["world"].get(k) == v for k, v in want["world"].items())
@@ -85,7 +91,7 @@ def install_shipped_base(dest: Path, source: Path = SHIPPED_BASE) -> None:
         except UserError:
             pass  # a damaged copy: replaced below
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".tmp-{dest.name}-"))
+    tmp = temp_dir(dest.parent, f".tmp-{dest.name}-")
     try:
         shutil.copytree(source, tmp, dirs_exist_ok=True)
         verify_sums(tmp)
@@ -111,10 +117,11 @@ def pretrain(params: Params, lay: Layout, *, progress: bool = True, force: bool 
     if not force and _same_recipe(SHIPPED_BASE / "card.json", params):
         install_shipped_base(lay.base_model)
         log.info("base model: the shipped one (assets/toy-base, SHA-256 verified) -> %s", lay.base_model)
-        return json.loads(card_path.read_text())
+        return _read_card(card_path)
     if not force and (lay.base_model / "transformer").is_dir() and _same_recipe(card_path, params):
         log.info("base model %s is up to date (same pretrain and world params); kept", lay.base_model)
-        return json.loads(card_path.read_text())
+        return _read_card(card_path)
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.evaluation import load_hps_benchmark
     from jagg_core.pipeline.pretrain import pretrain_toy
 

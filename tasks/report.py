@@ -12,12 +12,15 @@ from jagg_core.setup.redact import redact
 
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      stage_logger)
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.storage import copy_file
+from jagg_core.pipeline.report_stats import ReportError
 
 
 def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     """Build ``reports/<profile>/`` and attach it to the sweep's MLflow parent run."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.pipeline.report import build_report
-    from jagg_core.pipeline.tracking import Tracker
 
     log = stage_logger("report")
     summary = build_report(params, lay)
@@ -114,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = inside(ROOT, args.base_grid, "--base-grid", kind="file") if args.base_grid else None
     dest = inside(ROOT, args.copy_to, "--copy-to", kind="dir") if args.copy_to else None
     if grid is not None:
+        # loads torch: imported when the stage runs, so --help and a refused input answer without it
         from jagg_core.pipeline.report_figures import base_model_grid
 
         if grid.suffix.lower() != ".png":
@@ -123,11 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     lay = layout(params)
     summary = report(params, lay, sweep=args.sweep)
     if dest is not None:
-        import shutil
-
-        dest.mkdir(parents=True, exist_ok=True)
+        # each file through the project's one writing function: a link planted in the folder (a symlinked
+        # dest/summary.json) is replaced, never written through (the path rule checks the folder only)
         for name in ["summary.json", *summary["figures"].values()]:
-            shutil.copyfile(lay.report_dir / name, dest / name)
+            copy_file(lay.report_dir / name, dest / name, ReportError)
         print(f"copied summary.json and {len(summary['figures'])} figures to {dest}")
     return 0
 

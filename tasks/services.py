@@ -19,19 +19,64 @@ from typing import Any
 from pathlib import Path
 
 from .common import ROOT, ServiceError, cli, load
+from jagg_core.pipeline.tracking import resolve_uri
+from jagg_core.setup.storage import atomic_write_text
+from .launch import Interrupted
 
 STATE = ROOT / ".services"
 BIN = Path(sys.executable).parent
+
+
+# A flow run's process emits a heartbeat every HEARTBEAT_S (Prefect's own, `PREFECT_FLOWS_HEARTBEAT_FREQUENCY`; 30 s
+# is its minimum); the automation below marks a run CRASHED once none came for CRASH_AFTER_S (Prefect's "zombie flow
+# run" recipe): a worker or host that died leaves its runs CRASHED, and a pool-dispatched sweep submits them again.
+HEARTBEAT_S = 30
+CRASH_AFTER_S = 90
+AUTOMATION = "jagg: a flow run without heartbeats is crashed"
 
 
 def _env(api_url: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"PREFECT_HOME": str(STATE / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
                 "JAGG_ROOT": str(ROOT), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "HF_HUB_OFFLINE": "1",
-                "TRANSFORMERS_OFFLINE": "1", "DVC_NO_ANALYTICS": "1"})
+                "TRANSFORMERS_OFFLINE": "1", "DVC_NO_ANALYTICS": "1",
+                "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S)})
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return env
+
+
+def _api(api: str, path: str, body: dict) -> Any:
+    """POST to the Prefect server's REST API; a 503 (its database busy, "retry") is retried as Prefect's client does."""
+    import urllib.error
+
+    for attempt in range(6):
+        req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 5:
+                raise
+            time.sleep(1 + attempt)
+    raise AssertionError("unreachable")
+
+
+def crash_automation(api: str, crash_after: float = CRASH_AFTER_S) -> None:
+    """The server's automation that marks a flow run CRASHED when its heartbeats stop for ``crash_after`` seconds
+    (created once; Prefect 3 leaves a run whose worker was killed RUNNING without it)."""
+    if any(a.get("name") == AUTOMATION for a in _api(api, "automations/filter", {})):
+        return
+    terminal = [f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")]
+    _api(api, "automations/", {
+        "name": AUTOMATION, "enabled": True,
+        "description": f"No heartbeat from a flow run's process for {crash_after:.0f} s: its worker or host died.",
+        "trigger": {"type": "event", "posture": "Proactive", "match": {"prefect.resource.id": "prefect.flow-run.*"},
+                    "after": ["prefect.flow-run.heartbeat"], "expect": ["prefect.flow-run.heartbeat", *terminal],
+                    "for_each": ["prefect.resource.id"], "threshold": 1, "within": crash_after},
+        "actions": [{"type": "change-flow-run-state", "state": "CRASHED",
+                     "message": f"no heartbeat for {crash_after:.0f} s: its worker or host died"}]})
 
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str]) -> int:
@@ -87,14 +132,22 @@ def _record(pid: int) -> dict[str, Any]:
     return {"pid": pid, "started": _started(pid)}
 
 
-def _pids() -> dict[str, int]:
+def _host_file() -> Path:
+    """This host's record of the workers `jagg services worker` started here (.services/ may be on a filesystem that
+    several hosts share; a pid means something on its own host only)."""
+    import socket
+
+    return STATE / f"workers-{socket.gethostname()}.json"
+
+
+def _pids(f: Path | None = None) -> dict[str, int]:
     """The services this project started that still run: a pid whose process started at another time (a stale
     pids.json; the pid now names a stranger) or a record without a start time is not ours and is left alone."""
-    return {name: rec["pid"] for name, rec in _records().items() if _ours(rec)}
+    return {name: rec["pid"] for name, rec in _records(f).items() if _ours(rec)}
 
 
-def _records() -> dict[str, dict[str, Any]]:
-    f = STATE / "pids.json"
+def _records(f: Path | None = None) -> dict[str, dict[str, Any]]:
+    f = f or STATE / "pids.json"
     try:
         data = json.loads(f.read_text()) if f.exists() else {}
     except (OSError, ValueError):
@@ -129,8 +182,6 @@ def _interruptible() -> None:
     the main thread, so what was started is stopped in ``except``/``finally`` and the entry point exits 128 + signal.
     (SIGTERM or Ctrl-C used to end `jagg services up` mid-start without stopping the server it had started; `jagg
     ui`, an ``exec`` of mlflow, exited 0 after SIGTERM.)"""
-    from .launch import Interrupted
-
     def handler(signum: int, frame) -> None:  # noqa: ANN001
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up, bounded: a second signal does not cut it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -159,19 +210,45 @@ def _stop(pid: int) -> None:
         pass
 
 
-def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict[str, str]:
+def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None = None,
+       crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None) -> dict[str, str]:
     """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI); interrupted
     (SIGTERM, Ctrl-C) or failing half-way, it stops what it started."""
     if any(_alive(p) for p in _pids().values()):
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
     try:
-        return _up(host, prefect_port, mlflow_port, pool)
+        return _up(host, prefect_port, mlflow_port, pool, worker_name, crash_after, queues, limit)
     except BaseException:
         down()
         raise
 
 
-def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dict[str, str]:
+def _worker_cmd(pool: str, name: str | None, queues: list[str] | None = None, limit: int | None = None) -> list[str]:
+    """A process worker of ``pool``: every queue of it unless ``queues`` (`units`: a sweep's trainings and
+    evaluations only), at most ``limit`` flow runs at a time (one training per GPU host, say)."""
+    return [str(BIN / "prefect"), "worker", "start", "--pool", pool, *(["--name", name] if name else []),
+            *[a for q in queues or [] for a in ("--work-queue", q)], *(["--limit", str(limit)] if limit else [])]
+
+
+def worker(api: str, pool: str, name: str | None, queues: list[str] | None = None, limit: int | None = None) -> str:
+    """Start one more worker of ``pool`` on this host, serving the server at ``api`` (`jagg services worker`: a
+    host of a pool-dispatched sweep, docs/scaling.md); returns its name."""
+    import socket
+
+    name = name or socket.gethostname()
+    _wait_http(f"{api}/health", 30, "the Prefect server")
+    pids = _pids(_host_file())
+    key = f"worker-{name}"
+    if key in pids and _alive(pids[key]):
+        raise ServiceError(f"worker {name!r} already runs here (pid {pids[key]}); give another --name.")
+    pids[key] = _spawn(key, _worker_cmd(pool, name, queues, limit), _env(api))
+    _write_pids(pids, _host_file())
+    return name
+
+
+def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None = None,
+        crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None
+        ) -> dict[str, str]:
     api = f"http://{host}:{prefect_port}/api"
     env = _env(api)
     # The UI's pages call the API at PREFECT_UI_API_URL (default port 4200): point it at this server's own port.
@@ -181,27 +258,31 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str) -> dic
     _wait_http(f"{api}/health", 90, "the Prefect server")
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
-    pids["worker"] = _spawn("prefect-worker", [str(BIN / "prefect"), "worker", "start", "--pool", pool], env)
+    crash_automation(api, crash_after)
+    pids["worker"] = _spawn("prefect-worker", _worker_cmd(pool, worker_name, queues, limit), env)
     _write_pids(pids)
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
     if mlflow_port:
-        from jagg_core.pipeline.tracking import resolve_uri
-
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
         urls["mlflow_ui"] = f"http://{host}:{mlflow_port}"
+        _write_pids(pids)
+        _wait_http(f"{urls['mlflow_ui']}/health", 120, "the MLflow server")  # a sweep logs to it at once
     _write_pids(pids)
     return urls
 
 
-def _write_pids(pids: dict[str, int]) -> None:
-    from jagg_core.setup.storage import atomic_write_text
-
-    atomic_write_text(STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
+def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
+    atomic_write_text(f or STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
 
 
 def down() -> None:
+    """Stop this host's workers (`jagg services worker`'s too), then the MLflow UI and the server."""
+    for pid in _pids(_host_file()).values():
+        if _alive(pid):
+            _stop(pid)
+    _host_file().unlink(missing_ok=True)
     pids = _pids()
     for name in ("worker", "mlflow", "server"):  # the worker before its server
         pid = pids.get(name)
@@ -213,8 +294,6 @@ def down() -> None:
 def ui(host: str, port: int) -> int:
     """The MLflow UI in the foreground on the project's store, in a process group of its own that SIGTERM and
     Ctrl-C stop whole (mlflow's parent process and its server)."""
-    from jagg_core.pipeline.tracking import resolve_uri
-
     store = resolve_uri(load().tracking.mlflow_uri, ROOT)
     proc = subprocess.Popen([str(BIN / "mlflow"), "server", "--host", host, "--port", str(port), "--backend-store-uri",
                              store, "--workers", "1"], env=_env(), start_new_session=True)
@@ -228,21 +307,44 @@ def ui(host: str, port: int) -> int:
 @cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="jagg services", description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=["up", "down", "status", "ui"])
+    ap.add_argument("action", choices=["up", "down", "status", "ui", "worker"],
+                    help="worker: start one more worker of the pool on this host (for a sweep with "
+                         "resources.dispatch = pool; --api names the server)")
     ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     ap.add_argument("--prefect-port", type=int, default=4200)
     ap.add_argument("--mlflow-port", type=int, default=5000, help="0 = no MLflow UI")
     ap.add_argument("--pool", default="jagg", help="process work pool name (prefect.yaml uses 'jagg')")
+    ap.add_argument("--name", default=None, help="the worker's name (default: Prefect's for `up`, the host name for "
+                                                 "`worker`); each worker of a pool needs its own")
+    ap.add_argument("--api", default=os.environ.get("PREFECT_API_URL"),
+                    help="`worker`: the Prefect server's API, e.g. http://head:4200/api (default: $PREFECT_API_URL)")
+    ap.add_argument("--queue", action="append", default=None, metavar="NAME",
+                    help="a work queue the worker serves (repeatable; default: every queue of the pool). A sweep's "
+                         "trainings and evaluations go to `units`, the sweeps themselves to `default`")
+    ap.add_argument("--limit", type=int, default=None, help="flow runs the worker runs at a time (default: no limit)")
+    ap.add_argument("--crash-after", type=float, default=CRASH_AFTER_S,
+                    help=f"`up`: seconds without a heartbeat after which a flow run is marked CRASHED (default "
+                         f"{CRASH_AFTER_S}; heartbeats every {HEARTBEAT_S} s)")
     args = ap.parse_args(argv)
     _interruptible()
+    if args.action == "worker":
+        if not args.api:
+            raise ServiceError("`jagg services worker` needs the server's API: --api http://<head host>:4200/api or "
+                               "PREFECT_API_URL.")
+        name = worker(args.api, args.pool, args.name, args.queue, args.limit)
+        print(f"worker {name!r} serves pool {args.pool!r} of {args.api}")
+        return 0
     if args.action == "up":
-        urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool)
+        if args.crash_after <= HEARTBEAT_S:
+            raise ServiceError(f"--crash-after {args.crash_after:g} must exceed the heartbeat interval, {HEARTBEAT_S} s.")
+        urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool, args.name, args.crash_after,
+                  args.queue, args.limit)
         print("\n".join(f"{k}: {v}" for k, v in urls.items()))
         print(f"run a sweep: PREFECT_API_URL={urls['prefect_api']} prefect deployment run 'jagg-reproduce/toy' --watch")
     elif args.action == "down":
         down()
     elif args.action == "status":
-        for name, rec in _records().items():
+        for name, rec in {**_records(), **_records(_host_file())}.items():
             state = ("running" if _alive(rec["pid"]) else "stopped") if _ours(rec) else (
                 "stopped (pids.json is stale: the pid now names another process)" if _started(rec["pid"]) else
                 "stopped")

@@ -22,7 +22,8 @@ import contextlib
 import sys
 from pathlib import Path
 
-from jagg_core.setup.storage import atomic_write_text
+from jagg_core.setup.paths import inside
+from jagg_core.setup.storage import atomic_write_text, read_regular
 
 from jagg_core.pipeline.smoke_docs import SMOKE_START, render_table, replace_smoke_block, smoke_section
 from .common import ROOT, add_common_args, cli, parse_overrides, stage_logger
@@ -51,7 +52,7 @@ def _docs_target(path: str | Path, cfg: SmokeConfig, root: Path = ROOT) -> Path:
         raise SmokeError("--write-docs records the GPU figures: run it on cuda at the GPU size (no --device cpu, no "
                          "--size cpu).")
     path = Path(path) if Path(path).is_absolute() else root / path
-    text = path.read_text() if path.is_file() else ""
+    text = read_regular(path, SmokeError).decode("utf-8", "replace") if path.exists() else ""
     if replace_smoke_block(text, "") is None:
         raise SmokeError(f"{path} has no GPU smoke test section (its <!-- smoke:start --> and <!-- smoke:end --> "
                          "markers); regenerate it with `jagg bench --write-docs` first.")
@@ -62,7 +63,7 @@ def write_docs(result: dict, path: Path) -> Path:
     """Replace the page's smoke block with this run's table."""
     section = "\n".join(smoke_section(result))
     block = section[section.index(SMOKE_START):].rstrip("\n")
-    atomic_write_text(path, replace_smoke_block(path.read_text(), block))
+    atomic_write_text(path, replace_smoke_block(read_regular(path, SmokeError).decode("utf-8", "replace"), block))
     return path
 
 
@@ -115,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                       iterations=args.iterations, resolution=args.resolution, num_steps=args.steps, seed=args.seed,
                       threads=args.threads, overrides=parse_overrides(args.overrides))
     cfg.validate()  # one sentence before minutes of building
-    docs = _docs_target(args.write_docs, cfg) if args.write_docs else None
-    result, path = smoke(cfg, params_path=args.params, out=args.out)
+    # the project's one rule for path arguments, before the work: `--out /x.json` wrote anywhere
+    out = inside(ROOT, args.out, "--out", kind="file") if args.out else None
+    docs = _docs_target(inside(ROOT, args.write_docs, "--write-docs", kind="file"), cfg) if args.write_docs else None
+    result, path = smoke(cfg, params_path=args.params, out=out)
     print(render_table(result))
     print(f"Written: {path} and {path.with_suffix('.md')}" + (f"; the table in {write_docs(result, docs)}"
                                                                if docs else ""))

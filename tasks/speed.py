@@ -18,12 +18,14 @@ from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
+from jagg_core.errors import UserError
 
 def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | None:
     """Time every method of ``run.methods`` side by side (``rounds``, default ``resources.speed_rounds``; 0: not at
     all); returns the result (also ``runs/<outputs>/speed.json``)."""
     import torch
 
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.bench.side_by_side import side_by_side, write_result
     from jagg_core.build import pick_device, policy_from_params
 
@@ -64,8 +66,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     params = load(args.profile, args.params, parse_overrides(args.overrides))
     if args.rounds is not None and not 3 <= args.rounds <= 1000:
-        from jagg_core.errors import UserError
-
         raise UserError(f"--rounds {args.rounds} must be between 3 and 1000.")
     speed(params, layout(params), rounds=args.rounds)
     return 0

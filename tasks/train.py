@@ -34,9 +34,13 @@ from jagg_core.trainer.fingerprint import run_fingerprint
 
 from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout, load, orchestration_tags,
                      parse_overrides, retry_only_died, stage_logger)
-from .launch import (Machine, accelerate_command, clear_outcomes, die_with_parent, error_class, launch, local_context,
-                     read_context, read_outcome, remove_stale_contexts, report_error_class, stop_on_signals, user_error,
-                     user_error_class, worker_error, write_context)
+from .launch import (Machine, accelerate_command, clear_outcomes, death, die_with_parent, error_class, launch,
+                     local_context, read_context, read_outcome, remove_stale_contexts, report_error_class,
+                     stop_on_signals, user_error, user_error_class, worker_error, write_context)
+from jagg_core.pipeline.tracking import Tracker, TrackingError
+from jagg_core.setup.faults import fault
+from jagg_core.setup.storage import LockedError, PromptFileError, read_prompts
+from jagg_core.world import parse_prompt, shown_prompt
 
 
 class WorkerDied(TrainingError):
@@ -52,8 +56,6 @@ def pending_file(lay: Layout, run: str) -> Path:
 
 def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
     """Send what the run buffered during an outage of the store; if the store is still down, say what waits where."""
-    from jagg_core.pipeline.tracking import TrackingError
-
     logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run))
     waiting = logger.pending()
     if not waiting:
@@ -68,6 +70,7 @@ def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> Non
 
 def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
     """Where a run's last checkpoint is and the SHA-256 of its manifest (which holds every file's SHA-256)."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.trainer.checkpoint import file_sha256, list_checkpoints
 
     found = list_checkpoints(lay.checkpoints(run))
@@ -103,12 +106,9 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
     """Before any worker starts: the training prompts read (one sentence for an empty prompt or a lone surrogate)
     and, on the toy world, each one a prompt of its grammar (``""``, 10,000 characters of anything: one sentence
     naming the line, not a worker's traceback)."""
-    from jagg_core.setup.storage import PromptFileError, read_prompts
-
     prompts = read_prompts(lay.train_prompts)
     if not params.is_toy:
         return
-    from jagg_core.world import parse_prompt, shown_prompt
 
     for n, prompt in enumerate(prompts, 1):
         try:
@@ -135,12 +135,14 @@ def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> Tra
     own = worker_error(tail)
     if own:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
         return TrainingError(f"training run {run} failed in its worker with {own}")
-    return WorkerDied(f"training run {run} failed: exit status {rc}; last output: {tail[-1] if tail else ''}")
+    return WorkerDied(f"training run {run} failed: {death(rc, tail)}; running it again resumes from its last complete "
+                      f"checkpoint.")
 
 
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
     """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
     another machine compares the params only: its local copy of the base model may differ in file times)."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.trainer.checkpoint import latest_checkpoint
 
     last = latest_checkpoint(lay.checkpoints(run))
@@ -153,14 +155,15 @@ def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> b
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
-              restart: bool = False, machine: Machine | None = None) -> dict:
+              restart: bool = False, machine: Machine | None = None, take_over: bool = False) -> dict:
     """Run one training run to completion (resuming if checkpoints exist); returns its final metrics.
 
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
-    keeps the MLflow run; the others only take their share of the training.
+    keeps the MLflow run; the others only take their share of the training. ``take_over``: the run's MLflow run may
+    be left RUNNING by a process of another host that crashed (a pool-dispatched unit resubmitted): take it.
     """
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import check_model_files
-    from jagg_core.pipeline.tracking import Tracker
     from jagg_core.rewards import check_rewards
 
     log = stage_logger("train")
@@ -174,15 +177,13 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
         return _follow(params, lay, method, seed, key, machine, restart, log)
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
-    if not tracker.claim(mlflow_run):  # another live process trains it: this one neither trains nor ends its run
-        from jagg_core.setup.storage import LockedError
-
-        raise LockedError(f"training run {run} is being trained by process {tracker.owner_of(mlflow_run)} (MLflow run "
-                          f"{mlflow_run}); wait for it to end, or stop it, then run this again.")
+    # Another live process trains it: this one neither trains nor ends its run. An owner that cannot be checked from
+    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart or ``take_over`` (a
+    # pool-dispatched unit submitted again after Prefect saw its flow run crash: flows/pool.py).
+    if not tracker.claim(mlflow_run, take_over=restart or take_over):
+        raise LockedError(tracker.held_sentence(run, mlflow_run))
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
-    with tracker.ending(mlflow_run):
-        from jagg_core.setup.faults import fault
-
+    with tracker.ending(mlflow_run), tracker.heartbeat(mlflow_run):
         fault("run_created", 0)  # the reliability tests' SIGTERM in the half second after the run is created
         return _train_rank0(params, lay, method, seed, machine, restart, log, tracker, mlflow_run, key, run)
 
@@ -233,6 +234,7 @@ def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machi
 def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: str | None = None,
            run_key: str | None = None, restart: bool = False) -> None:
     """Inside `accelerate launch`: train, logging to the MLflow run named by the launcher (rank 0 logs)."""
+    # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.trainer import train
 
     logger = None
@@ -246,7 +248,6 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
     trainer_log.propagate = False
     monitor = None
     if mlflow_run and int(os.environ.get("RANK", "0")) == 0:  # accelerate sets RANK
-        from jagg_core.pipeline.tracking import Tracker
 
         tracker = Tracker(params, lay.root)
         # A store that goes down mid-run does not stop training: the logger buffers on disk and replays.
@@ -266,9 +267,10 @@ def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry
     return retry_only_died(task, task_run, state)
 
 
-def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False) -> dict:
+def train_stage(params: Params, method: str, seed: int, sweep: str = DEFAULT_SWEEP, restart: bool = False,
+                take_over: bool = False) -> dict:
     """A training run; a retry (only after its process died) resumes from the last complete checkpoint."""
-    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart)
+    return train_run(params, layout(params), method, seed, sweep=sweep, restart=restart, take_over=take_over)
 
 
 
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="training seed (default: the first of run.seeds)")
     ap.add_argument("--restart", action="store_true",
                     help="if the run's checkpoints were written with other params, move them aside and start over "
-                         "(without it, such a run stops and says what changed)")
+                         "(without it, such a run stops and says what changed); also take over an MLflow run left "
+                         "RUNNING by an owner this machine cannot check (another host's)")
     ap.add_argument("--worker", action="store_true",
                     help="train in this process (e.g. inside your own `accelerate launch`), without an MLflow run")
     ap.add_argument("--worker-context", default=None, help=argparse.SUPPRESS)  # written by the launcher

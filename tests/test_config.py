@@ -162,12 +162,27 @@ def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
     ({"train.adam_betas": [1.5, -1]}, "betas"),
     ({"train.kl_ref_every": 0}, "train.kl_ref_every = 0"),
     ({"tracking.experiment": "x-{bogus}"}, "{profile}"),
+    ({"resources.dispatch": "cluster"}, "'in-process' or 'pool'"),
+    # a pool's workers on several hosts would each read a store of their own (docs/scaling.md)
+    ({"resources.dispatch": "pool"}, "needs tracking.mlflow_uri to be an MLflow server"),
+    ({"resources.dispatch": "pool", "tracking.mlflow_uri": "file:///srv/mlruns"}, "a file each host would read"),
+    ({"resources.dispatch": "pool", "tracking.mlflow_uri": "/srv/mlruns"}, "a file each host would read"),
+    ({"resources.dispatch": "pool", "tracking.mlflow_uri": "http://head:5000", "resources.num_machines": 2},
+     "started on each machine by hand"),
 ])
 def test_bad_values_are_one_sentence_before_any_work(override, fragment):
     with pytest.raises(ParamsError) as e:
         load_params(REPO / "params.yaml", "toy", override)
     msg = str(e.value)
     assert fragment in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("uri", ["http://head:5000", "https://user:pw@mlflow.lab/", "postgresql://db/mlflow",
+                                 "databricks"])
+def test_pool_dispatch_takes_a_tracking_store_every_host_reaches(uri):
+    params = load_params(REPO / "params.yaml", "ci", {"resources.dispatch": "pool", "tracking.mlflow_uri": uri})
+    assert params.resources.dispatch == "pool"
+    assert load_params(REPO / "params.yaml", "ci").resources.dispatch == "in-process"  # the default
 
 
 def test_a_yaml_float_without_a_dot_still_reads():
@@ -336,7 +351,8 @@ def test_every_prefect_deployment_names_a_profile_that_validates():
     import yaml
 
     deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
-    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments}
+    # (a pool-dispatched sweep's units, flows/pool.py, take their profile from the sweep that submits them)
+    profiles = {d["name"]: d["parameters"]["profile"] for d in deployments if "parameters" in d}
     assert profiles["wan"] == "wan"
     for profile in set(profiles.values()):
         assert load_params(REPO / "params.yaml", profile).profile == profile

@@ -91,6 +91,7 @@ def test_a_failed_check_exits_1_with_one_sentence(monkeypatch, tmp_path, capsys)
 
     firsts = (("baseline", 0.0, 0.0), ("jagg", 3e-9, 0.25), ("ablate", math.nan, math.nan))
     monkeypatch.setattr(smoke_task, "run_smoke", lambda cfg, **_kw: _fake_result(firsts))
+    monkeypatch.setattr(smoke_task, "ROOT", tmp_path)  # --out follows the path rule: inside the project
     rc = smoke_task.main(["--device", "cpu", "--out", str(tmp_path / "s.json")])
     cap = capsys.readouterr()
     assert rc == 1
@@ -131,9 +132,12 @@ def test_write_docs_fills_the_section_and_bench_regeneration_keeps_it(monkeypatc
     (["--iterations", "1"], "--iterations 1 must be at least 2"),
     (["--write-docs", "docs/benchmarks.md"], "--write-docs records the GPU figures: run it on cuda"),
 ])
-def test_settings_that_cannot_run_are_one_sentence(tmp_path, capsys, args, message):
+def test_settings_that_cannot_run_are_one_sentence(monkeypatch, tmp_path, capsys, args, message):
     """Refused before anything is built or trained."""
+    from tasks import smoke as smoke_task
     from tasks.smoke import main
+
+    monkeypatch.setattr(smoke_task, "ROOT", tmp_path)  # --out follows the path rule: inside the project
 
     rc = main(["--device", "cpu", "--params", str(REPO / "params.yaml"), "--out", str(tmp_path / "s.json"), *args])
     err = capsys.readouterr().err

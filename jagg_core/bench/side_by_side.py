@@ -27,7 +27,8 @@ from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..policies.base import Policy
 from ..setup.config import Params, ResolvedMethod
 from ..setup.paths import Layout
-from ..setup.storage import atomic_write_text, read_prompts
+from ..setup.provenance import fingerprint, speed_made_from
+from ..setup.storage import atomic_write_text, finite_json, read_prompts
 from ..trainer.rollout import rollout
 from ..trainer.update import UpdateContext, UpdateStats, accumulate_gradients
 
@@ -37,6 +38,8 @@ __all__ = ["ABOVE_IDEAL_TOLERANCE", "side_by_side", "speed_rows"]
 # included (the model predicts the benchmark's rows within 0.95-1.04, docs/benchmarks.md), so that no ratio beyond
 # what the counted work allows is ever read as a gain.
 ABOVE_IDEAL_TOLERANCE = 0.0
+# What a null of speed.json (a number that is not one: NaN) stands for.
+NULL_NOTE = "null: not a number (a ratio whose ideal or baseline is not a positive time), not measured"
 
 
 def _clock(device: torch.device) -> float:
@@ -140,6 +143,9 @@ def side_by_side(params: Params, layout: Layout, methods: Sequence[str], *, poli
                            "update": _summary(samples[name]), "counts": counts[name]} for name in resolved},
     }
     result["table"] = speed_rows(result)
+    # what it timed, and its fingerprint: the report shows it only beside runs of the same settings
+    made_from = speed_made_from(params, methods)
+    result["made_from"], result["fingerprint"] = made_from, fingerprint(made_from)
     return result
 
 
@@ -173,4 +179,7 @@ def write_result(result: dict[str, Any], path: Path) -> None:
     import json
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(result, indent=2) + "\n")
+    result, nulls = finite_json(result)  # strict JSON: a ratio with nothing to divide by is null, said in words
+    if nulls:
+        result["null"] = NULL_NOTE
+    atomic_write_text(path, json.dumps(result, indent=2, allow_nan=False) + "\n")

@@ -1,6 +1,27 @@
-"""Evaluation: scoring generated test-set images with the reward models and summarising them by benchmark protocol."""
+"""Evaluation: scoring generated test-set images with the reward models and summarising them by benchmark protocol.
 
-from . import benchmark as _benchmark
-from .benchmark import *  # noqa: F401,F403  (benchmark's __all__ is the package's)
+The names of :mod:`.benchmark` are the package's (``from jagg_core.evaluation import load_hps_benchmark``), imported
+on first use, so that the light modules of the package (:mod:`.conventions`, :class:`EvalError`) do not load torch
+with it: a stage refuses bad input before torch loads.
+"""
 
-__all__ = list(_benchmark.__all__)
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UserError
+
+__all__ = ["EvalError"]
+
+
+class EvalError(UserError, RuntimeError):
+    """Evaluation cannot run; the message is for the user."""
+
+
+def __getattr__(name: str):
+    benchmark = importlib.import_module(f"{__name__}.benchmark")
+    if name not in benchmark.__all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(benchmark, name)
+    globals()[name] = value  # later look-ups skip this function
+    return value

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..setup.storage import PromptFileError, read_prompt_list
+from ..setup.storage import PromptFileError, read_prompt_list, read_score_records
 
 __all__ = [
     "BLOCK_SIZE",
@@ -47,6 +47,7 @@ __all__ = [
     "PromptFileError",
     "load_hps_benchmark",
     "score_image_folder",
+    "read_score_records",
     "score_records",
     "summarize_scores",
 ]

@@ -10,7 +10,19 @@ from typing import Any, Mapping
 
 from ..setup.registry import backbone_spec, reward_spec
 
-__all__ = ["evaluation_conventions", "scorer_variant"]
+__all__ = ["evaluation_conventions", "scorer_variant", "split_named"]
+
+
+def split_named(name: str, split: str) -> str:
+    """An evaluation's MLflow metric, image key or tag as logged on ``split``: the test split's as named (``eval/…``,
+    ``eval``, ``eval.…``), the validation split's under ``eval-validation`` (``eval-validation/toy_fidelity``,
+    ``eval-validation.protocol``), as its files are under ``eval-validation/``: a run evaluated on both splits never
+    holds the validation scores under the test split's names."""
+    if split == "test":
+        return name
+    if name == "eval" or name.startswith(("eval/", "eval.")):
+        return "eval-validation" + name[len("eval"):]
+    return name
 
 
 def scorer_variant(name: str, options: Mapping[str, Any]) -> str:
@@ -38,7 +50,7 @@ def evaluation_conventions(params) -> dict[str, str]:  # noqa: ANN001 (a pipelin
     if not params.is_toy:
         test_set += "; HPDv2"
     else:
-        test_set += "; the toy's test split in HPDv2's layouts"
+        test_set += f"; the toy's {ev.split} split in HPDv2's layouts"
         if ev.protocol == "hpdv2-benchmark":
             test_set += "; its hpdv2-test form: the plain mean of the same images"
     out = {

@@ -29,27 +29,23 @@ import torch
 
 from ..build import pick_device, policy_from_params
 from ..setup.config import Params
-from ..errors import UserError
 from ..setup.paths import Layout
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
 from ..setup.metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed, sample_images, to_uint8
-from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest
+from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest, read_regular
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
+from . import EvalError
 from .conventions import evaluation_conventions
 from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
 from ..rewards import loaded_rewards, make_metric, rewards_off_device
 from ..world import parse_prompt, render, scene_for_prompt, shown_prompt
 
 __all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
-
-
-class EvalError(UserError, RuntimeError):
-    """Evaluation cannot run; the message is for the user."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +170,7 @@ def evaluate_step(
         generation["frames"] = frames
     marker = out_dir / "generation.json"
     if part.main:
-        if marker.exists() and json.loads(marker.read_text()) != generation:
+        if (marker.exists() or marker.is_symlink()) and _generation_of(marker) != generation:
             shutil.rmtree(images_dir, ignore_errors=True)  # images of another checkpoint or sampler: start over
         atomic_write_text(marker, json.dumps(generation, indent=2) + "\n")
     part.barrier()
@@ -216,6 +212,16 @@ def evaluate_step(
         atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     part.barrier()
     return result
+
+
+def _generation_of(marker: Path) -> Any:
+    """What a step's ``generation.json`` says its images were made from; None where it cannot be read (a FIFO there
+    hung the evaluation, a file cut short was a JSONDecodeError traceback): images no marker vouches for are made
+    again, and the marker is rewritten (replacing what was there)."""
+    try:
+        return json.loads(read_regular(marker, ValueError, limit=1 << 20).decode("utf-8"))
+    except ValueError:  # unreadable, not UTF-8, not JSON (read_regular's sentences are ValueErrors here)
+        return None
 
 
 def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence[str]], frames: list[int] | None,

@@ -12,7 +12,7 @@ from jagg_core.pipeline.smoke_docs import _smoke_block, replace_smoke_block, smo
 from jagg_core.bench.models import BenchError
 from jagg_core.pipeline.report import breakdown_rows
 from jagg_core.pipeline.report_figures import plot_stacked_bars
-from jagg_core.setup.storage import atomic_write_text, read_regular
+from jagg_core.setup.storage import atomic_write_text, copy_file, read_regular
 
 __all__ = ["read_main_job", "render_markdown", "write_markdown"]
 
@@ -376,8 +376,6 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     """The page, and beside it ``bench/iteration-<model>.png`` per model (the iteration's stacked bar); with
     ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure. The smoke test's block of an
     existing page (its GPU figures) is kept."""
-    import shutil
-
     path = Path(path)
     figures = {}
     for r in results:
@@ -387,10 +385,11 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
     text = render_markdown(results, figures)
     if main_job:
         rel = "bench/iteration-main-job.png"
-        shutil.copyfile(Path(main_job["dir"]) / "iteration.png", path.parent / rel)
+        copy_file(Path(main_job["dir"]) / "iteration.png", path.parent / rel, BenchError)  # never through a link
         head, sep, tail = text.partition("## Reproduce")
         text = head + "\n".join(_main_job(main_job, rel)) + "\n" + sep + tail
-    old = _smoke_block(path.read_text()) if path.exists() else None
+    old = _smoke_block(read_regular(path, BenchError, limit=64 << 20).decode("utf-8", "replace")) \
+        if path.exists() else None
     if old:  # the smoke test's figures are not the bench's to drop
         text = replace_smoke_block(text, old) or text
     atomic_write_text(path, text)

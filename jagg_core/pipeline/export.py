@@ -12,7 +12,6 @@ import json
 import re
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,6 +19,7 @@ import torch
 
 from ..errors import UserError
 from ..setup.registry import backbone_spec
+from ..setup.storage import temp_dir
 
 __all__ = ["ExportError", "export_transformer"]
 
@@ -65,7 +65,7 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(out.parent)
     pipeline_name = backbone_spec(backbone).export_pipeline  # whose LoRA format the adapters are saved in
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".tmp-{out.name}-{os.getpid()}-"))
+    tmp = temp_dir(out.parent, f".tmp-{out.name}-{os.getpid()}-")
     try:
         from peft import PeftModel
 

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterable
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 
 from ..setup.config import Params
-from ..setup.storage import replace_dir
+from ..setup.storage import replace_dir, temp_dir
 from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux, save_toy_flux
 from ..world import sample_training_pair, vocabulary
 from ..policies.base import PromptEmbeds
@@ -184,7 +183,7 @@ def _embeds(enc):
 
 def _save_atomically(out_dir: Path, transformer, text_encoder, tokenizer, geometry, card: dict) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".tmp-{out_dir.name}-"))
+    tmp = temp_dir(out_dir.parent, f".tmp-{out_dir.name}-")
     try:
         save_toy_flux(tmp, transformer, text_encoder, tokenizer, geometry)
         (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..errors import UserError
 from ..setup.config import Params, TrainConfig
 from ..cost import ideal_speedup
 from ..modes import EXACT_MODES
@@ -27,17 +26,22 @@ from .report_figures import (comparison_grid, mean_std, plot_curves, plot_fideli
                              plot_stacked_bars)
 from .report_pages import fmt, page_html, page_markdown
 from .report_protocols import evaluation_section
-from .report_stats import (noninferiority, prompt_intervals, seconds_per_iteration, t_interval, time_to_target,
-                           verdict)
-from ..setup.storage import atomic_write_text
+from .report_stats import (ReportError, noninferiority, prompt_intervals, seconds_per_iteration, t_interval,
+                           time_to_target, verdict)
+from ..setup.provenance import fingerprint, speed_made_from
+from ..setup.redact import flatten
+from ..setup.storage import atomic_write_text, finite_json
 from jagg_core.setup.storage import read_regular
 
 __all__ = ["ReportError", "build_report", "read_eval", "breakdown_rows", "cost_model_speedup", "fidelity_by_position",
-           "iteration_breakdown", "kl_ref_phase", "read_curve", "report_pairs", "speed_table", "BASELINE", "PHASES"]
+           "iteration_breakdown", "kl_ref_phase", "read_curve", "read_side_by_side", "report_pairs", "speed_table", "BASELINE",
+           "PHASES"]
+
+# What a null of summary.json stands for (JSON has no NaN; the pages say "–" or "not measured").
+NULL_NOTE = ("null: not a number (NaN): an interval or a spread over one seed, a ratio with nothing to divide by, a "
+             "time that was not measured")
 
 
-class ReportError(UserError, ValueError):
-    """What the report reads is damaged or missing; the message is one sentence for the user."""
 
 
 def read_curve(path: Path) -> list[dict[str, float]]:
@@ -286,7 +290,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
                      subset=subset):
         figures["test split by iteration"] = "learning.png"
     # Beside it, the same curves against images seen and training seconds (one machine state: the `speed` stage)
-    side = _side_by_side(lay, params.run.methods)
+    side, side_note = read_side_by_side(params, lay)
     spi = seconds_per_iteration(runs, side)
     images = params.sample.group_size * params.sample.prompts_per_iteration
     if plot_per_second(runs, metrics[0], curve_base, spi, images, out / "per_second.png", subset=subset):
@@ -319,14 +323,17 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
                "paired": paired, "verdict": verdict(paired, metrics[0]), "prompt_intervals": prompts,
                "noninferiority": [noninferiority(p) for p in paired if p["b"] == BASELINE],
                "seconds_per_iteration": spi, "time_to_target": ttt, "curve_prompts_per_style": subset,
-               "side_by_side": _without_samples(side),
+               "side_by_side": _without_samples(side), "side_by_side_note": side_note,
                "final": final, "speed": speed, "iteration_breakdown": breakdown, "figures": figures,
                "fidelity": {k: {str(g): v for g, v in d.items()} for k, d in fid.items()},
                "base": {m: base["metrics"][m]["benchmark"] for m in metrics} if base else None,
                "ground_truth": {m: truth["metrics"][m]["benchmark"] for m in metrics if m in truth["metrics"]}
                if truth else None,
                "grid_columns": grid_columns, "evaluation": evaluation_section(params, runs, base)}
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    written, nulls = finite_json(json.loads(json.dumps(summary, default=str)))
+    if nulls:  # strict JSON (no bare NaN); a null says in words what it stands for
+        written["null"] = NULL_NOTE
+    atomic_write_text(out / "summary.json", json.dumps(written, indent=2, allow_nan=False) + "\n")
     breakdown = breakdown_rows(summary.get("iteration_breakdown", []))
     atomic_write_text(out / "README.md", page_markdown(params, summary, breakdown))
     atomic_write_text(out / "index.html", page_html(params, summary, breakdown))
@@ -343,21 +350,41 @@ def _curve_prompts_per_style(runs: Sequence[_Run], base: dict[str, Any] | None) 
     return next(iter(found), None)
 
 
-def _side_by_side(lay: Layout, methods: Sequence[str]) -> dict[str, Any] | None:
-    """The `speed` stage's measurement (``runs/<outputs>/speed.json``), if it timed every method of the report."""
-    if not lay.speed.is_file():
-        return None
+def read_side_by_side(params: Params, lay: Layout) -> tuple[dict[str, Any] | None, str | None]:
+    """The `speed` stage's measurement (``runs/<outputs>/speed.json``) if it timed every method of ``params`` at
+    these params' settings, and otherwise why not, in words (None: there is none). A measurement carries the
+    fingerprint of what it timed (:func:`jagg_core.setup.provenance.speed_made_from`): one at another window,
+    batch, model or device (`jagg speed --set jagg.window=2`), or one from before fingerprints, is not shown beside
+    these runs, whatever ``resources.speed_rounds`` says."""
+    if not lay.speed.exists() and not lay.speed.is_symlink():
+        return None, None
+    again = "run `jagg speed` again to rewrite it"
+    data = read_regular(lay.speed, ReportError, limit=64 << 20, fix=again)  # a FIFO there: one sentence, no hang
     try:
-        side = json.loads(lay.speed.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        side = json.loads(data.decode("utf-8"))
+    except ValueError as e:
         raise ReportError(f"{lay.speed} cannot be read as JSON ({type(e).__name__}); run `jagg speed` again to "
                           f"rewrite it.") from None
     if not isinstance(side, dict) or not isinstance(side.get("methods"), dict) or not isinstance(side.get("table"),
                                                                                                    list):
         raise ReportError(f"{lay.speed} is not a side-by-side measurement; run `jagg speed` again to rewrite it.")
-    if set(methods) - set(side["methods"]):
-        return None  # measured for other methods: the runs' own times only
-    return side
+    shown = lay.speed.relative_to(lay.root) if lay.speed.is_relative_to(lay.root) else lay.speed
+    missing = [m for m in params.run.methods if m not in side["methods"]]
+    if missing:  # measured for other methods: the runs' own times only
+        return None, f"{shown} did not time {', '.join(missing)}; run `jagg speed` to time every method side by side"
+    mine = speed_made_from(params, params.run.methods)
+    made = side.get("made_from")
+    if not isinstance(made, dict) or side.get("fingerprint") != fingerprint(made):
+        return None, (f"{shown} does not say what it timed (written before measurements carried their settings, or "
+                      f"edited); run `jagg speed` again")
+    made = {**made, "methods": {m: d for m, d in (made.get("methods") or {}).items() if m in params.run.methods}}
+    if made != mine:
+        ours, theirs = flatten(mine), flatten(made)
+        diff = [f"{k} {theirs.get(k, '–')} (these runs: {ours.get(k, '–')})" for k in sorted(set(ours) | set(theirs))
+                if ours.get(k) != theirs.get(k)]
+        return None, (f"{shown} was measured at other settings ({'; '.join(diff[:3])}"
+                      f"{f'; {len(diff) - 3} more' if len(diff) > 3 else ''}); run `jagg speed` again")
+    return side, None
 
 
 def _without_samples(side: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -18,9 +18,10 @@ from ..evaluation.clip_layout import strip_path, strips_grid
 from ..setup.config import Params
 from ..setup.paths import Layout
 from ..setup.registry import backbone_spec
-from ..setup.storage import atomic_write_bytes
+from ..setup.storage import atomic_write_bytes, read_regular
 from ..evaluation.benchmark import image_path, load_image
 from ..media import image_grid
+from .report_stats import ReportError, read_scores
 
 __all__ = ["base_model_grid", "clip_grid", "comparison_grid", "mean_std", "plot_curves", "plot_fidelity", "plot_learning",
            "plot_per_second",
@@ -217,6 +218,19 @@ def plot_fidelity(fid: dict, threshold: float, path: Path) -> bool:
     return True
 
 
+def _images_of(card: Path) -> str:
+    """The images folder an evaluation's ``metrics.json`` names (project-relative), read bounded and checked."""
+    again = f"run `jagg evaluate --run {card.parent.name}` again to rewrite it"
+    data = read_regular(card, ReportError, fix=again)
+    try:
+        images = json.loads(data.decode("utf-8")).get("images")
+    except (ValueError, AttributeError):  # not UTF-8, not JSON, not a mapping
+        images = None
+    if not isinstance(images, str) or images.startswith("/") or ".." in Path(images).parts:
+        raise ReportError(f"{card} does not name its images folder inside the project; {again}.")
+    return images
+
+
 def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path, per_style: int = 2) -> list[str]:
     """Rows = test prompts, columns = base | each method (first seed) at its last evaluated step; clips (a video
     backbone): :func:`clip_grid` of the first test prompt of each style."""
@@ -224,8 +238,8 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
 
     columns: list[tuple[str, Path]] = []
     base = lay.eval_dir("base") / "metrics.json"
-    if base.exists():
-        columns.append(("base", lay.root / json.loads(base.read_text())["images"]))
+    if base.exists() or base.is_symlink():
+        columns.append(("base", lay.root / _images_of(base)))
     seen = set()
     for r in runs:
         if r.eval and r.method not in seen:
@@ -233,8 +247,7 @@ def comparison_grid(params: Params, lay: Layout, runs: Sequence[Any], out: Path,
             columns.append((f"{r.method} @{r.eval['step']}", lay.root / r.eval["images"]))
     if not columns:
         return []
-    scores = (columns[0][1].parent / "scores.jsonl").read_text().splitlines()
-    rows = [json.loads(x) for x in scores]
+    rows = read_scores(columns[0][1].parent / "scores.jsonl") or []
     if backbone_spec(params.model.backbone).video:
         return clip_grid(columns, [x for x in rows if x["index"] < 1], out)
     picked = [x for x in rows if x["index"] < per_style]
@@ -266,8 +279,8 @@ def base_model_grid(lay: Layout, out: Path, *, per_style: int = 4, metric: str =
     card = lay.eval_dir("base") / "metrics.json"
     if not card.exists():
         raise FileNotFoundError(f"{card} does not exist; evaluate the base model first (`jagg evaluate --run base`).")
-    root = lay.root / json.loads(card.read_text())["images"]
-    rows = [json.loads(x) for x in (root.parent / "scores.jsonl").read_text().splitlines()]
+    root = lay.root / _images_of(card)
+    rows = read_scores(root.parent / "scores.jsonl") or []
     picked = [x for x in rows if x["index"] < per_style]
     images = torch.stack([load_image(image_path(root, x["style"], x["index"])) for x in picked])
     captions = [f"{x['prompt']} [{metric} {x[metric]:.2f}]" if metric in x else x["prompt"] for x in picked]

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from ..setup.config import Params
 from .report_protocols import evaluation_html, evaluation_markdown
 
-__all__ = ["fmt", "markdown_table", "page_html", "page_markdown"]
+__all__ = ["NOT_MEASURED", "fmt", "markdown_table", "page_html", "page_markdown", "said"]
 
 
 def fmt(x: Any, digits: int = 4) -> str:
@@ -132,22 +132,40 @@ def _side_rows(summary: dict) -> list[list[str]]:
              "measured / ideal"]]
     for r in side["table"]:
         flag = " ⚑ above ideal: not a gain" if r.get("above_ideal") else ""
-        rows.append([r["method"], f"{r['update_s']:.3f} [{r['update_q1']:.3f}, {r['update_q3']:.3f}]",
-                     (fmt(r["speedup"], 2) + "×" + flag) if "speedup" in r else "–",
-                     fmt(r.get("speedup_vs_best_exact", float("nan")), 2) + "×", fmt(r["ideal"], 2) + "×",
-                     fmt(r.get("measured_over_ideal", float("nan")), 2) + (" ⚑" if r.get("above_ideal") else "")])
+        times = (f"{said(r.get('update_s'), 3)} [{said(r.get('update_q1'), 3)}, {said(r.get('update_q3'), 3)}]"
+                 if _number(r.get("update_s")) else NOT_MEASURED)
+        rows.append([r["method"], times,
+                     (said(r["speedup"], 2, "×") + flag) if "speedup" in r else "–",
+                     said(r.get("speedup_vs_best_exact"), 2, "×"), said(r.get("ideal"), 2, "×"),
+                     said(r.get("measured_over_ideal"), 2) + (" ⚑" if r.get("above_ideal") else "")])
     return rows
+
+
+# What a side-by-side number that is not one (NaN in speed.json, or its null) shows: a word, not "nan".
+NOT_MEASURED = "not measured"
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def said(x: Any, digits: int, unit: str = "") -> str:
+    """``x`` with ``digits`` decimals and ``unit``, or :data:`NOT_MEASURED` for NaN, an infinity or null."""
+    return f"{x:.{digits}f}{unit}" if _number(x) else NOT_MEASURED
 
 
 def side_note(summary: dict) -> str:
     side = summary.get("side_by_side")
     if not side:
-        return ("No side-by-side measurement (`jagg speed`; resources.speed_rounds 0): the table below is each run's "
-                "own times, taken at its own time, which a shared machine's load can tilt.")
+        why = summary.get("side_by_side_note")
+        own = "each run's own times, taken at its own time, which a shared machine's load can tilt."
+        if why:
+            return f"The side-by-side measurement is not shown: {why}. The table below is {own}"
+        return f"No side-by-side measurement (`jagg speed`; resources.speed_rounds 0): the table below is {own}"
     return (f"Every method's update stage timed side by side on one stored rollout of the base model "
             f"({side['images']} images, trained steps {side['trained_steps']}, {side['threads']} thread(s)): "
             f"{side['rounds']} rounds, each method and the rollout once per round in a shuffled order, medians "
-            f"(rollout {side['rollout']['median']:.3f} s). A load that comes and goes hits every method alike. "
+            f"(rollout {said(side['rollout'].get('median'), 3, ' s')}). A load that comes and goes hits every method alike. "
             f"⚑ marks a speedup above the cost model's ideal (forward 1, backward 2, from the counted forwards; it counts "
             f"work, not calls, so batching's saving on a small model shows here too): never read as the method's gain. "
             f"The table after it is each run's own times.")

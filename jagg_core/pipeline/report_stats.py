@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -24,10 +23,27 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..errors import UserError
 from ..setup.paths import Layout
+from ..setup.storage import read_score_records
 
-__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "noninferiority", "prompt_intervals", "seconds_per_iteration", "t_interval",
-           "time_to_target", "verdict"]
+__all__ = ["BOOTSTRAP", "NONINFERIORITY_MARGIN", "ReportError", "noninferiority", "prompt_intervals", "read_scores",
+           "seconds_per_iteration", "t_interval", "time_to_target", "verdict"]
+
+
+class ReportError(UserError, ValueError):
+    """What the report reads is damaged or missing; the message is one sentence for the user."""
+
+
+def read_scores(path: Path) -> list[dict[str, Any]] | None:
+    """An evaluation step's per-image scores (``eval/<outputs>/<run>/steps/<step>/scores.jsonl``), None where there
+    are none; a file that is not a whole scores file (a FIFO, a link to a device, a folder, cut short) is one
+    :class:`ReportError` sentence."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return None
+    run = path.parents[2].name if len(path.parents) > 2 else "RUN"
+    return read_score_records(path, ReportError, fix=f"run `jagg evaluate --run {run}` again to rewrite it")
 
 BOOTSTRAP = 2000
 # JAGG is called non-inferior to the exact backward when the lower end of the paired 95% interval of (JAGG − baseline)
@@ -51,13 +67,12 @@ def t_interval(xs: Sequence[float], confidence: float = 0.95) -> dict[str, float
 
 def _read_scores(path: Path, metrics: Sequence[str]) -> dict[str, dict[str, np.ndarray]] | None:
     """metric -> style -> per-prompt scores in prompt order, from an evaluation step's ``scores.jsonl``."""
-    if not path.is_file():
+    records = read_scores(path)
+    if records is None:
         return None
     rows: dict[str, dict[int, dict[str, float]]] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            r = json.loads(line)
-            rows.setdefault(r["style"], {})[int(r["index"])] = r
+    for r in records:
+        rows.setdefault(r["style"], {})[r["index"]] = r
     out: dict[str, dict[str, np.ndarray]] = {}
     for m in metrics:
         out[m] = {s: np.array([by[i][m] for i in sorted(by)], dtype=np.float64) for s, by in rows.items()
@@ -129,6 +144,11 @@ def prompt_intervals(lay: Layout, runs: Sequence[Any], metrics: Sequence[str], p
     return out
 
 
+def _finite(x: Any) -> bool:
+    """A number that is one: not None (a null of speed.json), NaN or an infinity."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def seconds_per_iteration(runs: Sequence[Any], side_by_side: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Per method: seconds per training iteration and where they come from (module docstring)."""
     def own(rows: Sequence[Mapping[str, float]], key: str) -> list[float]:
@@ -141,7 +161,9 @@ def seconds_per_iteration(runs: Sequence[Any], side_by_side: Mapping[str, Any] |
             for rows in by_method.values() for x in rows if "time/iteration" in x]
     out = {}
     for method, rows in by_method.items():
-        measured = side_by_side and method in side_by_side.get("methods", {})
+        measured = side_by_side and method in side_by_side.get("methods", {}) and all(
+            _finite(x) for x in (side_by_side["rollout"].get("median"),
+                                 side_by_side["methods"][method]["update"].get("median")))
         if measured and rest:
             s = (side_by_side["rollout"]["median"] + side_by_side["methods"][method]["update"]["median"] +
                  statistics.fmean(rest))

@@ -21,11 +21,13 @@ from ..setup.config import Params
 from ..setup.redact import flatten, redact
 from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
                            store_failure)
-from jagg_core.setup.storage import read_regular
+from jagg_core.setup.storage import atomic_write_text, json_lines, read_regular
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
 log = logging.getLogger(__name__)
+
+_MAX_BUFFERED_IMAGE = 64 << 20  # a logged image (a grid of a few test images) as the buffer keeps it: a PNG of MiBs
 
 _SWEEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 
@@ -58,6 +60,12 @@ def param_strings(tree: Mapping[str, Any]) -> dict[str, str]:
 # Which process runs an MLflow run: `host:pid:start time` (psutil's create_time, so a pid taken over by another
 # process is not mistaken for the owner). A stage ends only runs it owns; a RUNNING run whose owner is gone is reaped.
 OWNER_TAG = "jagg.owner"
+# The owner's heartbeat (Unix seconds), renewed every HEARTBEAT_SECONDS while it trains (:meth:`Tracker.heartbeat`).
+# An owner this machine cannot check (another host's, as after a container restart, or a tag it cannot read) whose
+# heartbeat (else the run's start) is older than OWNER_STALE_SECONDS is taken to be gone: its run is taken over.
+HEARTBEAT_TAG = "jagg.heartbeat"
+HEARTBEAT_SECONDS = 60.0
+OWNER_STALE_SECONDS = 600.0
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -87,6 +95,32 @@ def owner_alive(owner: str) -> bool | None:
         return False
     except (psutil.AccessDenied, ValueError, OverflowError):
         return None
+
+
+def _last_sign_of_life(run: Any) -> float:
+    """When the owner of ``run`` (an MLflow Run) last said it was alive: its heartbeat, else the run's start (s)."""
+    beat = run.data.tags.get(HEARTBEAT_TAG, "")
+    try:
+        return float(beat)
+    except ValueError:
+        return (run.info.start_time or 0) / 1000.0
+
+
+def owner_gone(run: Any, now: float | None = None) -> bool:
+    """Whether the owner of ``run`` (an MLflow Run with an owner tag) no longer runs it: its process is gone, or this
+    machine cannot check it and its heartbeat is older than :data:`OWNER_STALE_SECONDS`."""
+    alive = owner_alive(run.data.tags.get(OWNER_TAG, ""))
+    if alive is not None:
+        return not alive
+    return (time.time() if now is None else now) - _last_sign_of_life(run) > OWNER_STALE_SECONDS
+
+
+def _shown_owner(owner: str | None) -> str:
+    """An owner tag for a sentence: ``host:pid`` of a well-formed one, else the tag itself, cut and quoted."""
+    parts = (owner or "?").split(":")
+    if len(parts) == 3 and parts[1].isdigit():
+        return ":".join(parts[:2])
+    return repr((owner or "?")[:60])
 
 
 class Tracker:
@@ -173,7 +207,8 @@ class Tracker:
             # Not nested under the parent (MLflow's UI would show one collapsed row and empty charts until a user
             # expands it): every run is a row of its own, side by side; `jagg.parent_run` points to the sweep's run.
             all_tags = {**tags, "jagg.parent_run": parent, "mlflow.runName": run, "profile": self.params.profile,
-                        OWNER_TAG: owner_id(), **self._source_tags(), **(extra_tags or {})}
+                        OWNER_TAG: owner_id(), HEARTBEAT_TAG: f"{time.time():.0f}", **self._source_tags(),
+                        **(extra_tags or {})}
             if method is not None:
                 all_tags["method"] = method
             if seed is not None:
@@ -201,6 +236,11 @@ class Tracker:
     def logger(self, run_id: str, buffer: str | os.PathLike | None = None) -> "MlflowLogger":
         """The run's metric logger; with ``buffer``, an outage of the store is buffered there, not fatal."""
         return MlflowLogger(self, run_id, buffer)
+
+    def metric_points(self, run_id: str, key: str) -> set[tuple[int, float]]:
+        """The (step, value) points of ``key`` that ``run_id`` holds (what a stage logging again must not repeat)."""
+        history = self._call(lambda: self.client.get_metric_history(run_id, key), "read a metric's history")
+        return {(int(m.step), float(m.value)) for m in history}
 
     def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
         path = Path(path)
@@ -239,39 +279,94 @@ class Tracker:
         owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG)
         return owner is None or owner == owner_id()
 
-    def claim(self, run_id: str) -> bool:
+    def claim(self, run_id: str, *, take_over: bool = False) -> bool:
         """Make this process the owner of ``run_id`` (RUNNING, tagged with this process) unless another live process
-        runs it; returns whether it did. A run whose owner is gone is taken over."""
+        runs it; returns whether it did. A run whose owner is gone (:func:`owner_gone`: its process ended, or it
+        cannot be checked from here and its heartbeat is stale) is taken over; with ``take_over`` (``--restart``), so
+        is one whose owner cannot be checked at all. A live process of this machine keeps its run. Taking a run over
+        from an owner that was not seen to end is said in one warning naming it."""
         from mlflow.entities import RunStatus
 
         run = self._call(lambda: self.client.get_run(run_id), "read a run")
         owner = run.data.tags.get(OWNER_TAG)
-        if run.info.status == "RUNNING" and owner not in (None, owner_id()) and owner_alive(owner) is not False:
-            return False
-        self.set_tags(run_id, {OWNER_TAG: owner_id()})
+        if run.info.status == "RUNNING" and owner not in (None, owner_id()):
+            alive = owner_alive(owner)
+            if alive is None:
+                age = time.time() - _last_sign_of_life(run)
+                if age > OWNER_STALE_SECONDS:
+                    log.warning("MLflow run %s was RUNNING under %s, which this machine cannot check and which has "
+                                "given no sign of life for %.0f min; taking it over.", run_id, _shown_owner(owner),
+                                age / 60)
+                elif take_over:
+                    log.warning("MLflow run %s was RUNNING under %s, which this machine cannot check (another host's, "
+                                "or a tag it cannot read); --restart takes it over.", run_id, _shown_owner(owner))
+                else:
+                    return False
+            elif alive:
+                return False
+        self.set_tags(run_id, {OWNER_TAG: owner_id(), HEARTBEAT_TAG: f"{time.time():.0f}"})
         if run.info.status != "RUNNING":
             self._call(lambda: self.client.update_run(run_id, RunStatus.to_string(RunStatus.RUNNING)), "reopen a run")
         return True
 
     def owner_of(self, run_id: str) -> str:
         """Who runs ``run_id`` (``host:pid``), for a sentence."""
-        owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG) or "?"
-        return ":".join(owner.split(":")[:2])
+        return _shown_owner(self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG))
+
+    def held_sentence(self, name: str, run_id: str) -> str:
+        """Why ``name``'s run ``run_id`` cannot be claimed (:meth:`claim` said no), with the way out, one sentence."""
+        run = self._call(lambda: self.client.get_run(run_id), "read a run")
+        owner = run.data.tags.get(OWNER_TAG)
+        if owner_alive(owner or "") is None:
+            age = max(0.0, time.time() - _last_sign_of_life(run))
+            return (f"training run {name} is held by process {_shown_owner(owner)} (MLflow run {run_id}), which this "
+                    f"machine cannot check (another host's, or a tag it cannot read; last sign of life {age / 60:.0f} "
+                    f"min ago); if it is gone (a restarted container), pass --restart to take the run over, or wait "
+                    f"until it is {OWNER_STALE_SECONDS / 60:.0f} min without a heartbeat.")
+        return (f"training run {name} is being trained by process {_shown_owner(owner)} (MLflow run {run_id}); wait "
+                f"for it to end, or stop it, then run this again.")
+
+    @contextlib.contextmanager
+    def heartbeat(self, run_id: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+        """While the block runs, renew the owner's heartbeat on ``run_id`` every ``every`` seconds (a thread), so
+        that another machine can tell a live owner it cannot check from one that is gone (:func:`owner_gone`)."""
+        import threading
+
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every):
+                try:
+                    self.client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+                except Exception as e:  # noqa: BLE001  (an outage of the store: the next beat tries again)
+                    log.debug("MLflow heartbeat of run %s not renewed (%s)", run_id, redact(str(e)))
+
+        thread = threading.Thread(target=beat, name=f"jagg-heartbeat-{run_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)  # a beat waiting on a slow store: the thread is a daemon, it ends with the process
 
     def reap(self, run: str) -> list[str]:
-        """Runs named ``run`` left RUNNING by a process of this machine that no longer runs (SIGKILL, a crash, the
-        OOM killer) are marked KILLED; returns their ids. A run of another machine, or without an owner, is kept."""
+        """Runs named ``run`` left RUNNING by a process that no longer runs (SIGKILL, a crash, the OOM killer; one this
+        machine cannot check whose heartbeat is stale: :func:`owner_gone`) are marked KILLED; returns their ids. A run
+        without an owner, or whose owner may still run, is kept."""
         query = f"tags.`jagg.run` = '{run}' and attributes.status = 'RUNNING'"
         found = self._call(lambda: self.client.search_runs([self.experiment_id], query, max_results=100),
                            "search runs")
         reaped = []
         for r in found:
             owner = r.data.tags.get(OWNER_TAG)
-            if owner and owner != owner_id() and owner_alive(owner) is False:
+            if owner and owner != owner_id() and owner_gone(r):
                 self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
                 self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
-                log.warning("MLflow run %s (%s) was left RUNNING by process %s, which is gone; marked KILLED",
-                            r.info.run_id, run, ":".join(owner.split(":")[:2]))
+                gone = ("which is gone" if owner_alive(owner) is False else
+                        "which this machine cannot check and which has given no sign of life for "
+                        f"{(time.time() - _last_sign_of_life(r)) / 60:.0f} min")
+                log.warning("MLflow run %s (%s) was left RUNNING by process %s, %s; marked KILLED",
+                            r.info.run_id, run, _shown_owner(owner), gone)
                 reaped.append(r.info.run_id)
         return reaped
 
@@ -333,6 +428,7 @@ class MlflowLogger:
         self.probe_seconds = probe_seconds
         self._offline_until = 0.0
         self._offline = False
+        self._warned: tuple[int, ...] = ()  # the buffer's damaged lines already reported (pending() then flush())
 
     # -- the calls -------------------------------------------------------------------------------------------------
 
@@ -369,9 +465,9 @@ class MlflowLogger:
                                    "log metrics", retries=retries)
         else:
             if image is None:
-                from PIL import Image
-
-                image = Image.open(self.buffer.parent / record["file"])
+                image = self._buffered_image(record)
+                if image is None:  # gone, damaged or outside the buffer's folder: skipped with a warning
+                    return
             # log_image(key=..., step=...) keeps a history per key: the UI's image-grid chart compares runs by step.
             self.tracker._call(lambda: client.log_image(run_id, image, key=record["key"], step=record["step"]),
                                "log an image", retries=retries)
@@ -423,17 +519,9 @@ class MlflowLogger:
         """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
         damaged byte) is skipped with a warning naming the file and the line: the records around it still reach the
         store, and a trained run is not failed for one lost metrics line."""
-        import json
-
         data = read_regular(self.buffer, TrackingError, fix="move it aside (the run's buffered metrics are in it)")
         records, bad = [], []
-        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = None
+        for n, record in json_lines(data.decode("utf-8", "replace")):
             ok = isinstance(record, dict) and (
                 record.get("kind") == "metrics" and isinstance(record.get("metrics"), dict)
                 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in record["metrics"].values())
@@ -444,10 +532,38 @@ class MlflowLogger:
                 records.append(record)
             else:
                 bad.append(n)
-        if bad:
+        if bad and tuple(bad) != self._warned:
+            self._warned = tuple(bad)
             log.warning("MLflow: %s line %s is not a whole record (a write cut short?); skipped%s.", self.buffer,
                         bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
         return records
+
+    def _buffered_image(self, record: dict) -> Any:
+        """A buffered image record's picture, or None (with one warning naming it) where its file is gone (which
+        failed every later flush and stranded the records after it), is not an image (a traceback), or lies outside
+        the buffer's images folder (an absolute path anywhere was uploaded to the run)."""
+        import io
+
+        from PIL import Image
+
+        folder = (self.buffer.parent / f"{self.buffer.stem}-images").resolve()
+        path = (self.buffer.parent / record["file"]).resolve()
+        if not path.is_relative_to(folder):
+            log.warning("MLflow: %s names the image %s, outside its images folder %s; skipped, not uploaded.",
+                        self.buffer, str(record["file"])[:200], folder)
+            return None
+        try:
+            data = read_regular(path, TrackingError, limit=_MAX_BUFFERED_IMAGE,
+                                fix="the image is skipped, the records after it are sent")
+            image = Image.open(io.BytesIO(data))
+            image.load()
+            return image
+        except TrackingError as e:
+            log.warning("MLflow: a buffered image of %s: %s", self.buffer, e)
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            log.warning("MLflow: the buffered image %s is not an image (%s); skipped, the records after it are sent.",
+                        path, " ".join(str(e).split())[:120])
+        return None
 
     def pending(self) -> int:
         """Records waiting in the buffer for the store."""
@@ -469,9 +585,7 @@ class MlflowLogger:
                 self._send(record, retries=retries)
             except TrackingError:
                 rest = "".join(json.dumps(r) + "\n" for r in records[i:])
-                tmp = self.buffer.with_suffix(".tmp")
-                tmp.write_text(rest, encoding="utf-8")
-                os.replace(tmp, self.buffer)
+                atomic_write_text(self.buffer, rest)  # the project's one writing function: never through a link
                 raise
         self.buffer.unlink()
         shutil.rmtree(self.buffer.parent / f"{self.buffer.stem}-images", ignore_errors=True)

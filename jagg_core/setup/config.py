@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..modes import MODES, VARIANTS
 from .options import Count, Number, Section
 from .paths import inside
-from .redact import redact, remember
+from .redact import holds_secret, redact, remember
 from .registry import PluginError, backbone_names, backbone_spec, load_plugins, reward_spec
 
 __all__ = [
@@ -365,10 +365,19 @@ class TrackingConfig(Section):
         except ValueError:
             fields = [("?", "", None)]
         if any(f != "profile" or spec or conv for f, spec, conv in fields):  # `{profile:>99999999999}`: 100 GB
-            raise ValueError(f"{v[:80]!r} may hold only the placeholder {{profile}}, without a format spec")
+            raise ValueError("it may hold only the placeholder {profile}, without a format spec")
         if not v.strip() or len(v) > 200 or any(not c.isprintable() for c in v):
             raise ValueError("the experiment name must be 1 to 200 printable characters (MLflow's names)")
         return v
+
+
+def local_store(uri: str) -> bool:
+    """Whether an MLflow tracking URI names a file of the host that reads it (``sqlite:``, ``file:``, a plain path),
+    not a server or database that workers on several hosts share."""
+    if "://" not in uri:
+        return not uri.lower().startswith("databricks")  # a plain path; `databricks` names a workspace
+    scheme = uri.partition("://")[0].lower()
+    return scheme == "file" or scheme.startswith("sqlite")
 
 
 class ResourcesConfig(Section):
@@ -388,6 +397,11 @@ class ResourcesConfig(Section):
     speed_rounds: int = Field(7, ge=0, le=1000, description="rounds of the `speed` stage, which times every method's "
                               "update side by side for the report's speed table (0: off; the table then shows each "
                               "run's own times only)")
+    dispatch: Literal["in-process", "pool"] = Field(
+        "in-process", description="where a flow's trainings and evaluations run: in the flow's own process "
+        "(in-process), or each as a flow run of its own on the Prefect work pool, taken by whichever worker of it is "
+        "free on any host (pool: the project folder on a filesystem every worker sees and an MLflow server in "
+        "tracking.mlflow_uri; docs/scaling.md)")
 
     @model_validator(mode="before")
     @classmethod
@@ -477,6 +491,17 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _no_secret_in_names(self) -> "Params":
+        """The experiment's name is shown to everyone who opens the store, in MLflow's experiments table: it holds no
+        URL's credentials and no secret of these params. Refused, not redacted: a name with `***` would not be the
+        one given, and two passwords would name one experiment."""
+        if holds_secret(self.tracking.experiment, self.model_dump(mode="json")):
+            raise ValueError("tracking.experiment holds a secret (a URL's credentials or the value of a secret param); "
+                             "an experiment's name is shown to everyone who opens the MLflow store: name it without "
+                             "the secret")
+        return self
+
+    @model_validator(mode="after")
     def _consistent(self) -> "Params":
         for name in self.methods:
             if not _is_name(name):
@@ -493,6 +518,14 @@ class Params(Section):
             anchors = m.anchors or self.jagg.anchors
             if anchors > window:
                 raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
+        if self.resources.dispatch == "pool" and local_store(self.tracking.mlflow_uri):
+            raise ValueError(f"resources.dispatch = pool needs tracking.mlflow_uri to be an MLflow server every worker "
+                             f"reaches (e.g. http://<head host>:5000), not {self.tracking.mlflow_uri!r}, a file each "
+                             f"host would read on its own")
+        if self.resources.dispatch == "pool" and self.resources.num_machines > 1:
+            raise ValueError(f"resources.dispatch = pool runs each training on the one machine of the worker that takes "
+                             f"it; a run over resources.num_machines = {self.resources.num_machines} machines is "
+                             f"started on each machine by hand (`jagg train --machine-rank`, docs/scaling.md)")
         if self.eval.split == "validation" and not (self.is_toy and self.world.n_validation_per_style):
             raise ValueError("eval.split = validation needs the toy world's validation split (world.n_validation_per_style "
                              "> 0); a real profile names its own held-out prompts in eval.benchmark")

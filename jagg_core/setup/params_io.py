@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import os
-import stat
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .config import _NAME, Params, ParamsError
+from .redact import holds_secret, redact_value
+from .storage import read_regular
 
 __all__ = ["deep_merge", "load_params", "parse_yaml"]
 
@@ -38,8 +39,14 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any], _path: str =
     return out
 
 
+_MAX_KEY_DEPTH = 32  # parts of a dotted override key; the deepest params key (a plugin's options) has a few
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     keys = dotted.split(".")
+    if len(keys) > _MAX_KEY_DEPTH:  # validating a tree that deep ends in a RecursionError, not in a sentence
+        raise ParamsError(f"override {dotted[:60]}… names a key {len(keys):,} levels deep; a params key has at most "
+                          f"{_MAX_KEY_DEPTH} (e.g. train.iterations).")
     node = tree
     for k in keys[:-1]:
         node = node.setdefault(k, {})
@@ -68,7 +75,9 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
         named = loc and not msg.startswith(loc)  # a typed option's sentence names its dotted path itself
         return f"{source}: {loc + ': ' if named else ''}{msg}{more}."
     if "input" in err and err["type"] != "missing":
-        shown = repr(err["input"])
+        # the value as typed, less a URL's credentials: a password with a space is no URL the free-text redaction
+        # (which ends at a space) recognises, but this input is one value
+        shown = repr(redact_value(err["input"]))
         shown = shown if len(shown) <= 100 else f"{shown[:80]}… ({len(shown):,} characters)"
         return f"{source}: {loc or 'params'} = {shown} is invalid: {msg}{more}."
     return f"{source}: {loc} is invalid: {msg}{more}."
@@ -114,38 +123,16 @@ _PLAIN = (str, int, float, bool, type(None))  # what a value may be: YAML's !!bi
 
 
 def _read_params_file(path: Path) -> str:
-    """The text of a params file, or one sentence saying why it cannot be read (a folder, a symlink loop, not UTF-8,
-    unreadable, absurdly large)."""
+    """The text of a params file, or one sentence saying why it cannot be read (missing, a folder, a device or a
+    FIFO, a symlink loop, unreadable, absurdly large, not UTF-8): the project's one bounded read,
+    :func:`~jagg_core.setup.storage.read_regular`."""
+    data = read_regular(path, ParamsError, limit=_MAX_FILE_BYTES,
+                        fix="pass --params PATH/TO/params.yaml (a params file of a few KiB), or run from the "
+                            "repository root")
     try:
-        info = path.stat()
-        if stat.S_ISDIR(info.st_mode):
-            raise IsADirectoryError(path)
-        if not stat.S_ISREG(info.st_mode):
-            # /dev/zero, /dev/urandom (endless), a FIFO (blocks until someone writes): not a params file
-            raise ParamsError(f"{path} is not a regular file (a device, a FIFO or a socket); pass a params file.")
-        if info.st_size > _MAX_FILE_BYTES:
-            raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # never blocks, even if swapped for a FIFO
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ParamsError(f"{path} is not a regular file (a device, a FIFO or a socket); pass a params file.")
-            with os.fdopen(fd, "rb") as f:
-                fd = -1
-                data = f.read(_MAX_FILE_BYTES + 1)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-        if len(data) > _MAX_FILE_BYTES:
-            raise ParamsError(f"{path} is larger than {_MAX_FILE_BYTES >> 20} MiB; a params file is a few KiB.")
         return data.decode("utf-8")
-    except FileNotFoundError:
-        raise ParamsError(f"{path} does not exist; run from the repository root or pass --params PATH.") from None
-    except IsADirectoryError:
-        raise ParamsError(f"{path} is a folder, not a params file; pass --params PATH/TO/params.yaml.") from None
     except UnicodeDecodeError as e:
         raise ParamsError(f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8.") from None
-    except OSError as e:
-        raise ParamsError(f"{path} cannot be read ({e.strerror or e}); pass a readable params file.") from None
 
 
 def parse_yaml(text: str, source: str) -> Any:
@@ -213,6 +200,11 @@ def load_params(
     """
     path = Path(path)
     source = path.name
+    if holds_secret(str(path)):
+        # a URL's credentials (`http://alice:pw@host/params.yaml`, which a path prints as `http:/alice:…`) would be
+        # printed in every sentence about the file and stored where a flow run's parameters are (Prefect)
+        raise ParamsError(f"{redact_value(str(path))} holds a URL's credentials; a params file is a local file: save "
+                          f"it and pass its local path.")
     raw = parse_yaml(_read_params_file(path), source)
     if raw is None:  # an empty file would silently run on the code's defaults
         raise ParamsError(f"{path} is empty; a params file holds the sections (model, sample, train, ...) and "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-__all__ = ["flatten", "redact", "remember", "REDACTED"]
+__all__ = ["flatten", "holds_secret", "redact", "redact_own", "redact_value", "remember", "REDACTED"]
 
 REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
@@ -22,9 +22,10 @@ _SECRET_PHRASES = ("api_key", "access_key", "private_key", "secret_key", "sessio
 # may hold '@', '/', '#' or '?' as typed (SQLAlchemy and requests take `postgresql://alice:Pa#ss@host/db` as written),
 # so the authority's RFC 3986 end is not where a secret ends. A token alone (no ':') holds no '/', '?' or '#', so
 # `http://h/a@b` (an '@' in a path) has no credentials; `http://h:80/a@b` is read as user h, password 80/a: too much
-# redacted, never too little.
+# redacted, never too little. A URL made a path (`Path("http://alice:pw@h/p.yaml")` prints `http:/alice:pw@h/p.yaml`:
+# a path's `//` collapses to `/`) is still a URL here: the scheme ends with one slash or more.
 _URL_CREDENTIALS = re.compile(
-    r"(?P<scheme>[a-z][a-z0-9+.-]*://)"
+    r"(?P<scheme>[a-z][a-z0-9+.-]*:/+)"
     r"(?P<userinfo>[^\s/?#:@\"'<>`]*:(?:(?!://)[^\s\"'<>`])*|[^\s/?#:\"'<>`]*)@", re.I)
 # Pieces of a secret that a library may quote on their own (requests parses `http://alice:Pa/ss@h` as host "alice"
 # and path "/ss@h"): every piece between '/', '#', '?', '@' or ':' at least this long is redacted too.
@@ -103,6 +104,48 @@ def redact(tree: Any) -> Any:
     remember(tree)
     secrets = sorted(_known, key=len, reverse=True)
     return _redact(tree, secrets)
+
+
+def _own_secrets(tree: Any) -> list[str]:
+    """The secrets ``tree`` itself marks (by key and in URLs) and their quoted forms, longest first: not this
+    process's memory, so the answer depends on ``tree`` alone."""
+    forms: set[str] = set()
+    for secret in _secret_values(tree, set()):
+        if len(secret) >= 4:
+            forms.update(_forms(secret))
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact_own(tree: Any) -> Any:
+    """A copy of ``tree`` with its own secrets ``***`` (by key, in URLs, and wherever else their values occur in it),
+    independent of what this process has seen: the same tree always gives the same copy (what a digest may hash)."""
+    return _redact(tree, _own_secrets(tree))
+
+
+# One value that is (or holds) a URL: its userinfo runs to the value's last '@', whatever it holds (a space, a quote),
+# where free text (:data:`_URL_CREDENTIALS`) must stop at a space. A scheme has two characters or more: `C:/x@y` is a
+# drive's path.
+_VALUE_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]+:/+)(?P<userinfo>.*)@", re.I | re.S)
+
+
+def redact_value(tree: Any) -> Any:
+    """:func:`redact` for what is known to be one value each (a params field's input quoted in an error): a URL's
+    userinfo is every character up to the value's last '@' (``http://alice:pass word@h`` → ``http://alice:***@h``),
+    which free text cannot assume."""
+    if isinstance(tree, dict):
+        return redact({k: redact_value(v) for k, v in tree.items()})
+    if isinstance(tree, (list, tuple)):
+        return redact([redact_value(v) for v in tree])
+    if isinstance(tree, str):
+        return redact(_VALUE_USERINFO.sub(_url_redacted, tree))
+    return tree
+
+
+def holds_secret(text: str, tree: Any = None) -> bool:
+    """Whether ``text`` (one value, e.g. a name) holds a URL's credentials or a secret of ``tree`` (its params)."""
+    if _VALUE_USERINFO.sub(_url_redacted, text) != text or _URL_CREDENTIALS.sub(_url_redacted, text) != text:
+        return True
+    return any(secret in text for secret in _own_secrets(tree)) if tree is not None else False
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..errors import UserError
 
@@ -21,21 +21,31 @@ __all__ = [
     "FolderLock",
     "MAX_READ_BYTES",
     "read_regular",
+    "read_score_records",
+    "json_lines",
+    "finite_json",
     "base_model_digest",
     "folder_digest",
     "LockedError",
     "PromptFileError",
     "atomic_write_bytes",
     "atomic_write_text",
+    "copy_file",
     "read_prompt_json",
     "read_prompt_list",
     "read_prompts",
     "replace_dir",
+    "temp_dir",
     "write_prompts_jsonl",
 ]
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+# What a stage reads (params, prompt files, a run's buffered metrics, a worker's outcome, evaluations' scores, a
+# report's summaries, checkpoint manifests) is a regular file of bounded size: /dev/zero would be read until memory
+# ran out, a FIFO would block for ever.
+MAX_READ_BYTES = 256 << 20
 
 
 class PromptFileError(UserError, ValueError):
@@ -88,13 +98,17 @@ class FolderLock:
         self.release()
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and ``os.replace``."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+    """The project's one way to write a file: ``data`` into a new temporary file in ``path``'s folder (created with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW``: never an existing file, never through a link), fsynced, then renamed over
+    ``path``. The rename replaces whatever is at ``path`` — a symlink planted there is replaced, never followed — and
+    a reader sees the old file or the new one whole. ``mode``: the file's permissions (default: any written file's,
+    0666 less the umask; 0600 for what only its owner may read)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
     try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should look like any written file
+        os.fchmod(fd, 0o666 & ~_UMASK if mode is None else mode)  # mkstemp makes 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -105,8 +119,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode())
+def atomic_write_text(path: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
+    atomic_write_bytes(path, text.encode(), mode=mode)
+
+
+def copy_file(src: str | os.PathLike, dest: str | os.PathLike, error: type[Exception], *,
+              limit: int = MAX_READ_BYTES) -> None:
+    """``src`` (read as :func:`read_regular` reads: a bounded regular file, else one ``error`` sentence) written to
+    ``dest`` by :func:`atomic_write_bytes`: a link planted at ``dest`` is replaced, not written through."""
+    atomic_write_bytes(dest, read_regular(src, error, limit=limit))
+
+
+def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
+    """A new empty folder in ``parent`` (for :func:`replace_dir`), with the permissions of any folder the process makes
+    (``mkdtemp`` makes 0700: a checkpoint or a base model whose files are 0644 in a folder only its owner can open)."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    os.chmod(tmp, 0o777 & ~_UMASK)
+    return tmp
 
 
 def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
@@ -128,11 +157,6 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
         os.replace(trash, dest)
         raise
     shutil.rmtree(trash, ignore_errors=True)
-
-
-# What a stage reads besides params (prompt files, a run's buffered metrics, a report's summaries) is a regular file
-# of bounded size: /dev/zero would be read until memory ran out, a FIFO would block for ever.
-MAX_READ_BYTES = 256 << 20
 
 
 def read_regular(path: str | os.PathLike, error: type[Exception], *, limit: int = MAX_READ_BYTES,
@@ -302,3 +326,56 @@ def base_model_digest(base_model: str | os.PathLike, model_path: str | None = No
         if folder is not None and folder.is_dir():
             return folder_digest(folder)
     return None
+
+
+def finite_json(tree: Any) -> tuple[Any, int]:
+    """``tree`` with every NaN or infinity replaced by ``None`` (JSON's null), and how many were: JSON has no such
+    numbers (Python's ``json.dumps`` writes a bare ``NaN`` that other readers refuse), so a file says null and, beside
+    it, in words, what a null stands for."""
+    count = 0
+
+    def walk(x: Any) -> Any:
+        nonlocal count
+        if isinstance(x, float) and (x != x or x in (float("inf"), float("-inf"))):
+            count += 1
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v) for v in x]
+        return x
+
+    return walk(tree), count
+
+
+def json_lines(text: str) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSON-lines text; a line that is not JSON gives None (a
+    write cut short, a damaged byte): the caller says what a whole record is and what to do with the others."""
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except ValueError:
+            yield n, None
+
+
+def read_score_records(path: str | Path, error: type[Exception], *, fix: str) -> list[dict[str, Any]]:
+    """The rows ``jagg_core.evaluation.benchmark.score_records`` wrote to an evaluation step's ``scores.jsonl``, read
+    bounded and regular (:func:`read_regular`: a FIFO there hung the report and evaluation, a link to /dev/zero read
+    until memory ran out, a folder was an IsADirectoryError), each line checked (a file cut short was a
+    JSONDecodeError traceback): any problem is one ``error`` sentence naming the file, ending with ``fix``."""
+    path = Path(path)
+    try:
+        text = read_regular(path, error, fix=fix).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text; {fix}.") from None
+    rows = []
+    for n, row in json_lines(text):
+        good = (isinstance(row, dict) and isinstance(row.get("style"), str) and isinstance(row.get("prompt"), str)
+                and type(row.get("index")) is int and row["index"] >= 0
+                and all(type(v) in (int, float) for k, v in row.items() if k not in ("style", "index", "prompt")))
+        if not good:
+            raise error(f"{path} line {n} is not one image's scores (a write cut short, or a damaged line); {fix}.")
+        rows.append(row)
+    return rows

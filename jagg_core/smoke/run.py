@@ -45,7 +45,7 @@ from ..policies.tiny import FluxShape, build_flux
 from jagg_core.bench.run import machine_info
 from jagg_core.build import pick_device
 from jagg_core.pipeline.report import cost_model_speedup
-from jagg_core.setup.storage import atomic_write_text
+from jagg_core.setup.storage import atomic_write_text, finite_json
 from jagg_core.trainer import train
 from jagg_core.trainer.checkpoint import Checkpoint
 from .wan import WAN_PROFILES, WAN_SIZES, build_tiny_wan, wan_overrides
@@ -382,16 +382,7 @@ def check(result: Mapping[str, Any]) -> dict:
 
 
 def write_result(result: Mapping[str, Any], path: str | Path) -> Path:
-    """The result as JSON, written atomically."""
-    def clean(x: Any) -> Any:  # NaN (no value) as null: strict JSON
-        if isinstance(x, float) and math.isnan(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return [clean(v) for v in x]
-        return x
-
+    """The result as JSON, written atomically (a NaN, no value, as null: strict JSON)."""
     path = Path(path)
-    atomic_write_text(path, json.dumps(clean(result), indent=1, allow_nan=False) + "\n")
+    atomic_write_text(path, json.dumps(finite_json(result)[0], indent=1, allow_nan=False) + "\n")
     return path

@@ -26,7 +26,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -37,7 +36,7 @@ from safetensors.torch import save as st_save
 
 from ..errors import UserError
 from ..setup.faults import fault
-from ..setup.storage import atomic_write_text, replace_dir
+from ..setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
 from .dcp_read import dcp_tensor_metadata, read_full_tensors
 from .distributed import gather_objects, process_group
 
@@ -154,7 +153,7 @@ def save_checkpoint(
             raise CheckpointError(f"refusing to save checkpoint {iteration}: parameter {name} is not finite.")
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{iteration:06d}"
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".tmp-{final.name}-"))
+    tmp = temp_dir(root, f".tmp-{final.name}-")
     try:
         files = {"trainable.safetensors": st_save({k: v.detach().contiguous().cpu() for k, v in trainable.items()})}
         if ema is not None:
@@ -200,6 +199,9 @@ def _listed_files(path: Path) -> set[str]:
     return out
 
 
+MAX_MANIFEST_BYTES = 16 << 20  # a manifest lists a checkpoint's few files: KiB
+
+
 def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
     """None if the checkpoint folder is complete and its manifest proves it, else what is wrong.
 
@@ -215,10 +217,10 @@ def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
         return "no manifest (interrupted while writing)"
     if mf.is_symlink() or not mf.is_file():
         return "manifest.json is not a regular file"
-    try:
-        manifest = json.loads(mf.read_bytes()[: 16 << 20].decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        return "unreadable manifest"
+    try:  # bounded before it is read (a 2 GB sparse manifest was read whole, then cut): the project's one reader
+        manifest = json.loads(read_regular(mf, ValueError, limit=MAX_MANIFEST_BYTES).decode("utf-8"))
+    except ValueError as e:  # too large, not a regular file, not UTF-8, not JSON
+        return f"unreadable manifest ({' '.join(str(e).split())[:200]})"
     if not isinstance(manifest, dict) or not manifest:
         return f"the manifest is a {type(manifest).__name__ if manifest else 'empty mapping'}, not a list of its files"
     for name, meta in manifest.items():

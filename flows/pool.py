@@ -1,0 +1,162 @@
+"""A sweep on the work pool (``resources.dispatch: pool``): every training and every evaluation a flow run of its own.
+
+The reproduce flow (``flows/reproduce.py``) hands its units to :func:`run_on_pool`, which submits each as a run of a
+deployment of prefect.yaml (``jagg-train/pool``: :func:`train_unit`; ``jagg-evaluate-run/pool``:
+:func:`evaluate_unit`) through Prefect's ``run_deployment``. Any worker of the pool, on any host, takes it; the Prefect
+UI shows each as a child of the sweep's flow run, tagged with the worker and host that ran it. At most
+``parallel_runs`` are in flight, the next one as soon as one ends; a run's evaluation follows its training.
+
+What the hosts share is checked before any unit trains (``tasks/dispatch.py``). A unit whose flow run CRASHED — its
+worker or host died: Prefect marks a run CRASHED when its heartbeats stop (the automation `jagg services up` creates,
+docs/scaling.md) — is submitted again (a training at most twice, an evaluation once, as the stage tasks retry a
+process that died) and resumes from its last complete checkpoint on whichever worker takes it; a unit that FAILED on
+an error of its own is not, and fails the sweep with its sentence.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefect import flow, get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.context import FlowRunContext
+from prefect.deployments import run_deployment
+
+from jagg_core.errors import UserError
+from jagg_core.setup.config import Params
+from jagg_core.setup.paths import run_name
+from tasks.common import ROOT, shown_redacted
+from tasks.dispatch import check_shared, remove_sentinel, where, write_sentinel
+
+from .stages import evaluate_task, train_task
+from .sweep import flow_params
+
+__all__ = ["EVALUATE_DEPLOYMENT", "TRAIN_DEPLOYMENT", "PoolError", "evaluate_unit", "run_on_pool", "train_unit"]
+
+TRAIN_DEPLOYMENT = "jagg-train/pool"
+EVALUATE_DEPLOYMENT = "jagg-evaluate-run/pool"
+# Submissions again after a CRASHED flow run, as the stage tasks' retries of a process that died (flows/stages.py)
+RESUBMITS = {"train": 2, "evaluate": 1}
+POLL_S = 2.0
+UNTAKEN_S = 120.0  # a unit no worker has taken for this long: said once in the sweep's log
+
+
+class PoolError(UserError, RuntimeError):
+    """A unit of a pool-dispatched sweep failed, or crashed more often than it is submitted again."""
+
+
+def _announce(what: str) -> dict[str, str]:
+    """Say, in the log and as tags of this flow run, which worker and host run this unit."""
+    me = where()
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        tags = sorted({*ctx.flow_run.tags, f"worker:{me['worker']}", f"host:{me['host']}"})
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(ctx.flow_run.id, tags=tags)
+    print(f"{what} on worker {me['worker']!r} (host {me['host']})")
+    return me
+
+
+@flow(name="jagg-train", log_prints=True)
+@shown_redacted
+def train_unit(profile: str, method: str, seed: int, shared: dict[str, str], sweep: str,
+               overrides: dict[str, Any] | None = None, params_file: str | None = None, restart: bool = False,
+               take_over: bool = False) -> dict:
+    """One training run of a pool-dispatched sweep (submitted by :func:`run_on_pool`); refuses, before it trains, a
+    worker that does not see the sweep's project folder and MLflow store (``shared``: the sweep's sentinel)."""
+    me = _announce(f"train {run_name(method, seed)}")
+    params = flow_params(profile, params_file, overrides)
+    check_shared(params, ROOT, sweep, shared)
+    return {**train_task(params, method, seed, sweep, restart, take_over), **me}
+
+
+@flow(name="jagg-evaluate-run", log_prints=True)
+@shown_redacted
+def evaluate_unit(profile: str, run: str, shared: dict[str, str], sweep: str, overrides: dict[str, Any] | None = None,
+                  params_file: str | None = None) -> dict:
+    """One evaluation (a trained run's checkpoints, or ``base``) of a pool-dispatched sweep."""
+    me = _announce(f"evaluate {run}")
+    params = flow_params(profile, params_file, overrides)
+    check_shared(params, ROOT, sweep, shared)
+    evaluate_task(params, run, sweep)
+    return {"run": run, **me}
+
+
+@dataclass
+class _Unit:
+    kind: str  # train | evaluate
+    run: str
+    method: str | None = None
+    seed: int | None = None
+    crashes: int = 0
+    flow_runs: list[str] = field(default_factory=list)
+
+
+def _submit(unit: _Unit, common: dict[str, Any]) -> str:
+    if unit.kind == "train":
+        name, params = TRAIN_DEPLOYMENT, {"method": unit.method, "seed": unit.seed, "take_over": unit.crashes > 0,
+                                          "restart": common["restart"]}
+    else:
+        name, params = EVALUATE_DEPLOYMENT, {"run": unit.run}
+    params.update({k: common[k] for k in ("profile", "shared", "sweep", "overrides", "params_file")})
+    fr = run_deployment(name, parameters=params, timeout=0, flow_run_name=f"{unit.kind} {unit.run}",
+                        tags=[f"sweep:{common['sweep']}"])
+    unit.flow_runs.append(str(fr.id))
+    return str(fr.id)
+
+
+def _worker(tags: list[str]) -> str:
+    return next((t.removeprefix("worker:") for t in tags if t.startswith("worker:")), "?")
+
+
+def run_on_pool(params: Params, *, profile: str, parallel_runs: int, sweep: str, overrides: dict[str, Any] | None,
+                params_file: str | None, restart: bool) -> list[dict]:
+    """Evaluate the base model, train every method × seed and evaluate each, every unit a flow run on the pool;
+    returns, per unit, its run, flow runs and the worker that completed it."""
+    shared = write_sentinel(params, ROOT, sweep)
+    common = {"profile": profile, "shared": shared, "sweep": sweep, "overrides": overrides,
+              "params_file": params_file, "restart": restart}
+    pending = [_Unit("evaluate", "base")] + [_Unit("train", run_name(m, s), m, s)
+                                               for s in params.run.seeds for m in params.run.methods]
+    in_flight: dict[str, _Unit] = {}
+    done: list[dict] = []
+    submitted_at: dict[str, float] = {}
+    try:
+        with get_client(sync_client=True) as client:
+            while pending or in_flight:
+                while pending and len(in_flight) < parallel_runs:
+                    unit = pending.pop(0)
+                    fid = _submit(unit, common)
+                    in_flight[fid] = unit
+                    submitted_at[fid] = time.monotonic()
+                time.sleep(POLL_S)
+                flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(in_flight))))
+                for fr in flow_runs:
+                    fid, unit, state = str(fr.id), in_flight[str(fr.id)], fr.state
+                    if state is None or not state.is_final():
+                        if state is not None and state.is_scheduled() and time.monotonic() - submitted_at[fid] > UNTAKEN_S:
+                            print(f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; "
+                                  f"start one (docs/scaling.md)")
+                            submitted_at[fid] = float("inf")
+                        continue
+                    del in_flight[fid]
+                    worker = _worker(fr.tags)
+                    if state.is_completed():
+                        print(f"{unit.kind} {unit.run} completed on worker {worker!r}")
+                        done.append({"kind": unit.kind, "run": unit.run, "worker": worker, "flow_runs": unit.flow_runs})
+                        if unit.kind == "train":
+                            pending.insert(0, _Unit("evaluate", unit.run))  # its evaluation next
+                    elif state.is_crashed() and unit.crashes < RESUBMITS[unit.kind]:
+                        unit.crashes += 1
+                        print(f"{unit.kind} {unit.run} crashed on worker {worker!r} ({state.message}); submitting it "
+                              f"again ({unit.crashes} of {RESUBMITS[unit.kind]}): it resumes from its last complete "
+                              f"checkpoint")
+                        pending.insert(0, unit)
+                    else:
+                        raise PoolError(f"{unit.kind} {unit.run} ended {state.name} on worker {worker!r} (flow run "
+                                        f"{fid}): {(state.message or '').strip() or 'no message'}")
+    finally:
+        remove_sentinel(ROOT, shared)
+    return done

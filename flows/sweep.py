@@ -1,0 +1,61 @@
+"""What every flow of jagg shares: a flow run's validated params (a sweep point with overrides) and its sweep name.
+
+A flow run with overrides is a sweep point: its runs, checkpoints, evaluations and report go to folders of their own
+(``<profile>-<digest of the overrides>``), beside the profile's, while it shares the profile's prompt set and base
+model. Overrides of ``tracking.*`` and ``resources.*`` (where results are logged, which devices run them) are no part of
+the digest: alone they keep the profile's folders, beside others the point's; a secret is hashed redacted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from prefect.context import FlowRunContext
+
+from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.redact import redact_own
+from tasks.common import load
+
+from .secrets import restore
+
+__all__ = ["flow_params", "sweep_digest", "sweep_name"]
+
+# Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
+_SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")
+# Overrides of how runs are logged and placed, not of what they compute: the profile's own folders.
+_NEUTRAL_SECTIONS = ("tracking.", "resources.")
+
+
+def sweep_name(sweep: str | None) -> str:
+    """The MLflow parent run of this flow run's runs: the given name, else the flow run's id."""
+    if sweep:
+        return sweep
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx and ctx.flow_run else "default"
+
+
+def flow_params(profile: str | None, params_file: str | None = None, overrides: dict[str, Any] | None = None) -> Params:
+    """The validated params of a flow run; with overrides, a sweep point with output folders of its own."""
+    if overrides is not None and not isinstance(overrides, dict):
+        raise ParamsError(f"overrides must be a mapping of dotted keys to values, e.g. {{\"train.iterations\": 8}}; "
+                          f"got {type(overrides).__name__}.")
+    overrides = restore(overrides)  # `jagg run` hands Prefect its secrets redacted (flows/secrets.py)
+    shared = sorted(k for k in overrides or {} if k.startswith(_SHARED_SECTIONS))
+    if shared:
+        raise ParamsError(f"override {shared[0]} would change the prompt set or the base model that a sweep point "
+                          f"shares with its profile; add a profile to params.yaml for that.")
+    params = load(profile, params_file, overrides)
+    if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
+        params = params.model_copy(update={"outputs": f"{params.profile}-{sweep_digest(overrides)}"})
+    return params
+
+
+def sweep_digest(overrides: dict[str, Any]) -> str:
+    """The digest that names a sweep point's folders: of the overrides that change its results only. Those of
+    ``tracking.*`` and ``resources.*`` are left out (a thread count or a rotated password keeps the point's folders
+    and its trained runs), and the rest is hashed with its secrets redacted (a served reward's token, a URL's
+    password): no folder name is a function of a secret. A point without such overrides hashes as before."""
+    kept = {k: v for k, v in overrides.items() if not k.startswith(_NEUTRAL_SECTIONS)}
+    return hashlib.sha256(json.dumps(redact_own(kept), sort_keys=True, default=str).encode()).hexdigest()[:8]

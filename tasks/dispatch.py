@@ -1,0 +1,96 @@
+"""What the hosts of a pool-dispatched sweep share, said and checked (``resources.dispatch: pool``).
+
+A sweep whose trainings and evaluations run as flow runs of their own on the Prefect work pool (``flows/pool.py``)
+needs every worker that takes one to see what the sweep's flow sees: the same project folder (prompts, base model,
+checkpoints; on a filesystem every host mounts) and the same MLflow store (a server, ``tracking.mlflow_uri``; a
+sqlite file would be each host's own, which the params' schema refuses). The sweep writes a sentinel — a random token
+in a file of the project folder and the same token as a tag of its MLflow parent run — and passes the token to every
+unit; a worker that reads another token, or none, at either place refuses the unit with one sentence before it loads
+a model, trains or writes anything (:func:`check_shared`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any
+
+from jagg_core.errors import UserError
+from jagg_core.setup.config import Params
+from jagg_core.setup.redact import redact
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.setup.storage import atomic_write_text
+from jagg_core.pipeline.mlflow_store import resolve_uri
+
+__all__ = ["SENTINELS", "DispatchError", "check_shared", "remove_sentinel", "where", "write_sentinel"]
+
+SENTINELS = ".jagg-dispatch"  # the project folder's sentinels of running sweeps (git-ignored)
+TOKEN_TAG = "jagg.dispatch_token"  # the same token on the sweep's MLflow parent run
+
+
+class DispatchError(UserError, RuntimeError):
+    """A worker's view of the project folder or of the tracking store is not the sweep's."""
+
+
+def where() -> dict[str, str]:
+    """The worker (Prefect sets ``PREFECT__WORKER_NAME`` for the flow runs it starts) and host of this process."""
+    return {"worker": os.environ.get("PREFECT__WORKER_NAME") or "no worker", "host": socket.gethostname()}
+
+
+def write_sentinel(params: Params, root: Path, sweep: str) -> dict[str, str]:
+    """Write this sweep's token into the project folder and onto its MLflow parent run; returns what every unit is
+    given to check its own view against (:func:`check_shared`)."""
+    token = secrets.token_hex(16)
+    tracker = Tracker(params, root)
+    sweep_run = tracker.sweep_run(sweep)  # checks the sweep's name, which names the file too
+    rel = f"{SENTINELS}/{sweep}-{token[:8]}.token"
+    atomic_write_text(root / rel, token + "\n")
+    tracker.set_tags(sweep_run, {TOKEN_TAG: token})
+    return {"token": token, "file": rel, "root": str(root), "host": socket.gethostname(),
+            "mlflow_uri": redact(params.tracking.mlflow_uri)}
+
+
+def remove_sentinel(root: Path, shared: dict[str, str]) -> None:
+    (root / shared["file"]).unlink(missing_ok=True)
+
+
+def check_shared(params: Params, root: Path, sweep: str, shared: dict[str, Any]) -> None:
+    """Refuse, in one sentence, a unit whose worker sees another project folder or another MLflow store than the
+    sweep's flow (nothing is read but the sentinel and the sweep's run; nothing is written)."""
+    me = where()
+    who = f"worker {me['worker']!r} on {me['host']}"
+    try:
+        seen = (root / shared["file"]).read_text().strip()
+    except OSError:
+        seen = None
+    if seen != shared["token"]:
+        raise DispatchError(
+            f"{who} does not see the sweep's project folder ({shared['root']} on {shared['host']}): its {root} holds "
+            f"no {shared['file']} with the sweep's token; put the project on a filesystem every worker mounts and "
+            f"start each worker with JAGG_ROOT set to it (docs/scaling.md).")
+    tag = _sweep_token(params, root, sweep, who)
+    if tag != shared["token"]:
+        raise DispatchError(
+            f"{who} does not see the sweep's MLflow store: at {redact(params.tracking.mlflow_uri)} it finds "
+            f"{'no sweep ' + repr(sweep) if tag is None else 'another token on sweep ' + repr(sweep)}; point "
+            f"tracking.mlflow_uri at a server every host reaches by the same address (docs/scaling.md).")
+
+
+def _sweep_token(params: Params, root: Path, sweep: str, who: str) -> str | None:
+    """The token on ``sweep``'s parent run in the store this worker sees, read only (no experiment is created)."""
+    from mlflow.tracking import MlflowClient
+
+    uri = resolve_uri(params.tracking.mlflow_uri, root)
+    try:
+        client = MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(params.tracking.experiment.format(profile=params.profile))
+        if exp is None:
+            return None
+        query = f"tags.`jagg.kind` = 'sweep' and tags.`jagg.sweep` = '{sweep}'"
+        runs = client.search_runs([exp.experiment_id], query, max_results=1)
+    except Exception as e:  # noqa: BLE001  (MLflow raises many types for an absent store)
+        raise DispatchError(f"{who} cannot read the sweep's MLflow store at {redact(uri)} ({type(e).__name__}); "
+                            f"point tracking.mlflow_uri at a server every host reaches (docs/scaling.md).") from None
+    return runs[0].data.tags.get(TOKEN_TAG) if runs else None

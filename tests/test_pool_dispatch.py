@@ -1,0 +1,261 @@
+"""A sweep on the work pool (``resources.dispatch: pool``): every training and evaluation a flow run of its own.
+
+One set-up for the module: a real Prefect server and MLflow server (`jagg services up`, whose worker `head` serves the
+sweeps' queue only), two process workers `host-a` and `host-b` on the pool's `units` queue, one flow run at a time
+each (two "hosts"), and a worker `stray` whose JAGG_ROOT is another folder. The sweeps use the settings of the shared
+`uninterrupted` reference (conftest.py), so their final weights are compared bit for bit with an in-process run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from conftest import run_module
+from tasks.common import free_port
+from test_pipeline import BIN, _clone, _run
+
+# The `uninterrupted` reference's settings (conftest.WORKER_ARGS): a sweep with them trains its runs to its bits
+REF = {"reward.weights": {"toy_background": 1.0}, "train.iterations": 4}
+UNITS = ("host-a", "host-b")
+
+
+@dataclass
+class Cluster:
+    root: Path
+    stray: Path
+    api: str
+    mlflow: str
+
+    def pool(self, **extra) -> dict:
+        """Overrides of a pool-dispatched sweep logging to the module's MLflow server."""
+        return {"resources.dispatch": "pool", "tracking.mlflow_uri": self.mlflow, **extra}
+
+
+def _api(api: str, path: str, body: dict | None = None):
+    """A call of the Prefect server's REST API; a 503 (its database busy: "retry") is retried, as Prefect's client
+    does."""
+    data = None if body is None else json.dumps(body).encode()
+    for attempt in range(10):
+        req = urllib.request.Request(f"{api}/{path}", data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read() or b"null")
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == 9:
+                raise
+            time.sleep(1 + attempt)
+
+
+def _children(api: str, flow_run_id: str) -> list[dict]:
+    """The flow runs the Prefect UI shows as children of ``flow_run_id``."""
+    return _api(api, "flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [flow_run_id]}}})
+
+
+def _worker(fr: dict) -> str | None:
+    return next((t.removeprefix("worker:") for t in fr["tags"] if t.startswith("worker:")), None)
+
+
+def _outputs(overrides: dict) -> str:
+    """The folder of a sweep point (flows/sweep.py:flow_params)."""
+    return "ci-" + hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
+
+
+def _weights(root: Path, outputs: str, run: str, iteration: int = 4) -> dict:
+    from jagg_core.trainer.checkpoint import load_tensors
+
+    return load_tensors(root / f"checkpoints/{outputs}/{run}/checkpoint-{iteration:06d}/trainable.safetensors")
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _state(api: str, flow_run_id: str) -> dict:
+    return _api(api, f"flow_runs/{flow_run_id}")["state"]
+
+
+def _wait(api: str, flow_run_id: str, timeout: float) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = _state(api, flow_run_id)
+        if state["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} did not end within {timeout:.0f} s: {state}")
+
+
+def _submit(api: str, deployment: str, parameters: dict, queue: str | None = None) -> str:
+    dep = _api(api, f"deployments/name/{deployment}")
+    body = {"parameters": parameters, **({"work_queue_name": queue} if queue else {})}
+    return _api(api, f"deployments/{dep['id']}/create_flow_run", body)["id"]
+
+
+@pytest.fixture(scope="module")
+def cluster(ci_base, tmp_path_factory):
+    root = _clone(tmp_path_factory.mktemp("pool"))
+    for item in ci_base.iterdir():  # the ci profile's prompts and base model, made once per session
+        if item.name != "params.yaml":
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, root / item.name)
+    stray = _clone(tmp_path_factory.mktemp("stray"))  # the code, in another folder: another host's view
+    port, mlflow_port = free_port(), free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    jagg = str(BIN / "jagg")
+    try:
+        up = _run([jagg, "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port), "--name",
+                   "head", "--queue", "default", "--crash-after", "60"], root, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        for name in UNITS:
+            w = _run([jagg, "services", "worker", "--api", api, "--name", name, "--queue", "units", "--limit", "1"],
+                     root, timeout=120)
+            assert w.returncode == 0, w.stdout + w.stderr
+        w = _run([jagg, "services", "worker", "--api", api, "--name", "stray", "--queue", "stray"], stray, timeout=120)
+        assert w.returncode == 0, w.stdout + w.stderr
+        yield Cluster(root, stray, api, f"http://127.0.0.1:{mlflow_port}")
+    finally:
+        _run([jagg, "services", "down"], stray, timeout=120)
+        _run([jagg, "services", "down"], root, timeout=120)
+
+
+def _one_sentence(message: str) -> str:
+    """The error's own text of a failed flow run's state message: one line, one sentence, no traceback."""
+    text = re.sub(r"^Flow run encountered an exception: \w+: ", "", message)
+    assert "\n" not in text and "Traceback" not in text and text.endswith("."), message
+    assert not re.search(r"\.\s+[A-Z]", text), f"more than one sentence: {text}"
+    return text
+
+
+@pytest.mark.slow
+def test_a_worker_that_sees_another_project_or_a_sqlite_store_refuses_in_one_sentence(cluster):
+    """A unit taken by a worker whose project folder is another (JAGG_ROOT elsewhere), or whose params name a sqlite
+    tracking store, fails with one sentence before it trains: no checkpoint, run folder or MLflow run is written."""
+    from jagg_core.setup.params_io import load_params
+    from tasks.dispatch import remove_sentinel, write_sentinel
+
+    point = cluster.pool(**{"train.iterations": 3})  # a sweep point of its own: its folders must stay absent
+    params = load_params(cluster.root / "params.yaml", "ci", point)
+    shared = write_sentinel(params, cluster.root, "refusals")  # what a sweep hands its units
+    unit = {"profile": "ci", "method": "jagg", "seed": 0, "shared": shared, "sweep": "refusals"}
+    on_sqlite = {"resources.dispatch": "pool", "train.iterations": 3}
+    try:
+        elsewhere = _submit(cluster.api, "jagg-train/pool", {**unit, "overrides": point}, queue="stray")
+        sqlite = _submit(cluster.api, "jagg-train/pool", {**unit, "overrides": on_sqlite})
+        states = {k: _wait(cluster.api, fid, 300) for k, fid in (("elsewhere", elsewhere), ("sqlite", sqlite))}
+    finally:
+        remove_sentinel(cluster.root, shared)
+    assert states["elsewhere"]["type"] == "FAILED", states
+    said = _one_sentence(states["elsewhere"]["message"])
+    assert said.startswith(f"worker 'stray' on {socket.gethostname()} does not see the sweep's project folder"), said
+    assert states["sqlite"]["type"] == "FAILED", states
+    said = _one_sentence(states["sqlite"]["message"])
+    assert "resources.dispatch = pool needs tracking.mlflow_uri to be an MLflow server" in said, said
+    for root in (cluster.root, cluster.stray):
+        written = [root / d / o for d in ("checkpoints", "runs", "eval") for o in (_outputs(point), _outputs(on_sqlite))
+                   if (root / d / o).exists()]
+        assert not written, written
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(cluster.mlflow)
+    exp = client.get_experiment_by_name("jagg-ci")
+    assert not client.search_runs([exp.experiment_id], "tags.`jagg.sweep` = 'refusals' and tags.`jagg.kind` = 'run'")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_pool_sweep_runs_each_unit_as_a_child_flow_run_on_both_workers_with_in_process_numbers(
+        cluster, uninterrupted, tmp_path):
+    """`prefect deployment run 'jagg-reproduce/ci'` with dispatch to the pool: the base evaluation, every training
+    and every evaluation is a child flow run of the sweep's, taken by both unit workers, and the runs end with the
+    bits of an in-process run; their evaluation has the in-process evaluation's numbers, the report is written."""
+    overrides = cluster.pool(**REF)
+    run = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "-p", f"overrides={json.dumps(overrides)}",
+                "-p", "parallel_runs=2", "--watch", "--watch-timeout", "1800"], cluster.root, timeout=1900,
+               PREFECT_API_URL=cluster.api, PREFECT_HOME=str(cluster.root / ".services/prefect"))
+    assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    sweep = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout).group(1)
+    children = _children(cluster.api, sweep)
+    runs = [f"{m}-s0" for m in ("baseline", "jagg", "ablate")]
+    expected = {"evaluate base", *(f"train {r}" for r in runs), *(f"evaluate {r}" for r in runs)}
+    assert sorted(c["name"] for c in children) == sorted(expected)
+    assert {c["state"]["type"] for c in children} == {"COMPLETED"}
+    took = {c["name"]: _worker(c) for c in children}
+    assert set(took.values()) == set(UNITS), took  # both hosts took units; the sweep's own worker took none
+    outputs = _outputs(overrides)
+    for method in ("baseline", "jagg", "ablate"):
+        assert _same(_weights(cluster.root, outputs, f"{method}-s0"), uninterrupted(method)), method
+    # The evaluation of the in-process reference run, in a copy of its project: the same numbers as the pool's.
+    ref = tmp_path / "ref"
+    shutil.copytree(uninterrupted.roots["jagg"], ref)
+    sets = [a for k, v in REF.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    out = run_module("tasks.evaluate", "--profile", "ci", "--run", "jagg-s0", *sets, root=ref)
+    assert out.returncode == 0, out.stderr[-2000:]
+    want = json.loads((ref / "eval/ci/jagg-s0/metrics.json").read_text())
+    got = json.loads((cluster.root / f"eval/{outputs}/jagg-s0/metrics.json").read_text())
+    assert (got["step"], got["metrics"]) == (want["step"], want["metrics"])
+    summary = json.loads((cluster.root / f"reports/{outputs}/summary.json").read_text())
+    final = {r["method"]: r["final"] for r in summary["runs"]}
+    assert final["jagg"] == {k: v["mean"] for k, v in want["metrics"].items() if k in final["jagg"]}
+    assert set(final) == {"baseline", "jagg", "ablate"}
+    assert (cluster.root / f"runs/{outputs}/speed.json").exists()  # the speed stage ran, in the sweep's flow
+
+
+def _checkpoints(folder: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("checkpoint-*") if (p / "manifest.json").exists())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_resumes_it(cluster, uninterrupted):
+    """SIGKILL of a unit worker and its training: Prefect marks the child flow run CRASHED (no heartbeats), the sweep
+    submits the training again, the other worker resumes it from its last complete checkpoint, and the run ends with
+    the bits of an undisturbed run; the sweep completes."""
+    overrides = cluster.pool(**REF, **{"run.methods": ["jagg"], "resources.speed_rounds": 0})
+    ckpts = cluster.root / f"checkpoints/{_outputs(overrides)}/jagg-s0"
+    started = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "-p",
+                    f"overrides={json.dumps(overrides)}", "-p", "parallel_runs=2"], cluster.root, timeout=120,
+                   PREFECT_API_URL=cluster.api, PREFECT_HOME=str(cluster.root / ".services/prefect"))
+    assert started.returncode == 0, started.stdout + started.stderr
+    sweep = re.search(r"UUID: ([0-9a-f-]{36})", started.stdout).group(1)
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        training = [c for c in _children(cluster.api, sweep) if c["name"] == "train jagg-s0"]
+        if training and training[0]["state"]["type"] == "RUNNING" and _checkpoints(ckpts) and _worker(training[0]):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the training never ran past its first checkpoint")
+    victim, killed = training[0], _worker(training[0])
+    records = json.loads((cluster.root / f".services/workers-{socket.gethostname()}.json").read_text())
+    procs = [psutil.Process(records[f"worker-{killed}"]["pid"])]
+    flow_process = psutil.Process(int(str(victim["infrastructure_pid"]).rpartition(":")[2]))
+    procs += [flow_process, *flow_process.children(recursive=True)]
+    for p in procs:  # the worker and its training, at once
+        p.send_signal(signal.SIGKILL)
+    at = _checkpoints(ckpts)[-1]
+    assert at < 4, "the training ended before the kill: the test proves nothing"
+    state = _wait(cluster.api, sweep, 1200)
+    assert state["type"] == "COMPLETED", state
+    trainings = sorted((c for c in _children(cluster.api, sweep) if c["name"] == "train jagg-s0"),
+                       key=lambda c: c["expected_start_time"])
+    assert [(c["state"]["type"], _worker(c)) for c in trainings] == [
+        ("CRASHED", killed), ("COMPLETED", next(u for u in UNITS if u != killed))], trainings
+    logs = _api(cluster.api, "logs/filter", {"logs": {"flow_run_id": {"any_": [trainings[1]["id"]]}}, "limit": 200})
+    assert any(re.search(rf"resuming jagg-s0 from .*checkpoint-{at:06d}", rec["message"]) for rec in logs), \
+        [rec["message"] for rec in logs][-30:]
+    assert _same(_weights(cluster.root, _outputs(overrides), "jagg-s0"), uninterrupted("jagg"))
+    curve = (cluster.root / f"runs/{_outputs(overrides)}/jagg-s0/curve.tsv").read_text()
+    assert [line.split("\t")[0] for line in curve.splitlines()[1:]] == ["1", "2", "3", "4"]  # every iteration once
