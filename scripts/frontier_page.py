@@ -27,10 +27,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jagg_core.errors import UserError  # noqa: E402
+from tasks.common import cli  # noqa: E402  (the command line's rules: one sentence, exit 1, no traceback)
+
 FIGURE = "frontier/frontier.png"  # relative to the page's folder
+REPORT = "`jagg report --profile toy-w --copy-to docs/frontier`"
 
 
-class PageError(Exception):
+class PageError(UserError, ValueError):
     """Bad input: one sentence."""
 
 
@@ -51,12 +55,14 @@ def _nums(d: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
+    """A JSON file read bounded (a regular file, whole), or one sentence."""
+    from jagg_core.setup.storage import read_regular
+
+    raw = read_regular(path, PageError, fix=fix)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PageError(f"{path} does not exist; {fix}.") from None
-    except (OSError, ValueError) as e:
-        raise PageError(f"{path} cannot be read as JSON ({type(e).__name__}); {fix}.") from None
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PageError(f"{path} is not whole JSON ({type(e).__name__}; cut short?); {fix}.") from None
     if not isinstance(data, dict):
         raise PageError(f"{path} is not {what}; {fix}.")
     return data
@@ -64,7 +70,10 @@ def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
 
 def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any]]:
     """One row per method of the summary: its settings, speedups, gain, paired difference, verdict and cosine."""
-    fix = "write it with `jagg report --profile toy-w --copy-to docs/frontier`"
+    fix = f"write it with {REPORT}"
+    if s.get("profile") != "toy-w":
+        raise PageError(f"the summary is the report of profile {str(s.get('profile'))[:40]!r}; this page describes toy-w's "
+                        f"study ({fix}).")
     try:
         prim = s["primary"]
         final = {r["method"]: r for r in s["final"]}
@@ -288,6 +297,7 @@ def _inside(path: str, out: str) -> bool:
         return False
 
 
+@cli
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", default=str(ROOT / "docs/frontier/summary.json"))
@@ -300,30 +310,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", required=True)
     ap.add_argument("--out", default=str(ROOT / "docs/frontier.md"))
     args = ap.parse_args(argv)
-    try:
-        s = _read_json(Path(args.summary), "a report's summary",
-                       "write it with `jagg report --profile toy-w --copy-to docs/frontier`")
-        cos = _read_json(Path(args.cosines), "a methods.json of scripts/jagg_fidelity_study.py --methods",
-                         "write it with `scripts/jagg_fidelity_study.py --methods all`") if args.cosines else None
-        if cos is not None and not isinstance(cos.get("methods"), dict):
-            raise PageError(f"{args.cosines} is not a methods.json of scripts/jagg_fidelity_study.py --methods.")
-        try:
-            pilot = Path(args.pilot).read_text(encoding="utf-8")
-        except OSError as e:
-            raise PageError(f"{args.pilot} cannot be read ({type(e).__name__}); it holds the section on how the "
-                            f"recipe was chosen.") from None
-        rows = rows_of(s, cos)
-        text = page(s, rows, cos, pilot, args)
-        out = Path(args.out)
-        fig = out.parent / FIGURE
-        fig.parent.mkdir(parents=True, exist_ok=True)
-        draw(rows, s["primary"], fig)
-        from jagg_core.setup.storage import atomic_write_text
+    from jagg_core.setup.storage import atomic_write_text, read_regular
 
-        atomic_write_text(out, text)
-    except PageError as e:
-        print(f"frontier_page: {e}", file=sys.stderr)
-        return 1
+    out = Path(args.out)
+    if out.is_dir():
+        raise PageError(f"--out {args.out} is a folder; name the page's file, e.g. docs/frontier.md.")
+    s = _read_json(Path(args.summary), "a report's summary", f"write it with {REPORT} or pass --summary PATH")
+    cos = _read_json(Path(args.cosines), "a methods.json of scripts/jagg_fidelity_study.py --methods",
+                     "write it with `scripts/jagg_fidelity_study.py --methods all`") if args.cosines else None
+    if cos is not None and not isinstance(cos.get("methods"), dict):
+        raise PageError(f"{args.cosines} is not a methods.json of scripts/jagg_fidelity_study.py --methods.")
+    raw = read_regular(Path(args.pilot), PageError, fix="it holds the section on how the recipe was chosen")
+    try:
+        pilot = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise PageError(f"{args.pilot} is not UTF-8 text; it holds the section on how the recipe was chosen.") \
+            from None
+    rows = rows_of(s, cos)
+    text = page(s, rows, cos, pilot, args)  # the whole page is built before anything is written
+    fig = out.parent / FIGURE
+    fig.parent.mkdir(parents=True, exist_ok=True)
+    draw(rows, s["primary"], fig)
+    atomic_write_text(out, text)
     print(f"wrote {args.out} and {Path(args.out).parent / FIGURE}")
     return 0
 
