@@ -253,6 +253,27 @@ def fidelity_by_position(runs: Sequence[_Run], params: Params | None = None
     return {k: {g: (*mean_std(vs), len(vs)) for g, vs in sorted(d.items())} for k, d in out.items()}
 
 
+def _final_rows(methods: Sequence[str], runs: Sequence[Any], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Final evaluation per method: mean ± std over seeds of each metric's benchmark score, and the seed count."""
+    final = []
+    for method in methods:
+        row = {"method": method}
+        for m in metrics:
+            vals = [r.eval["metrics"][m]["benchmark"] for r in runs if r.method == method and r.eval]
+            row[m] = mean_std(vals)
+            row["seeds"] = len(vals)
+        final.append(row)
+    return final
+
+
+def _write_summary(summary: dict[str, Any], path: Path) -> None:
+    """``summary.json`` as strict JSON (no bare NaN): a null, and beside it in words what a null stands for."""
+    written, nulls = finite_json(json.loads(json.dumps(summary, default=str)))
+    if nulls:
+        written["null"] = NULL_NOTE
+    atomic_write_text(path, json.dumps(written, indent=2, allow_nan=False) + "\n")
+
+
 def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     """Write the report of ``params.profile``; returns its summary (also ``summary.json``)."""
     out = lay.report_dir
@@ -267,15 +288,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # only now: a refused report leaves no empty folder behind
     metrics = list(params.eval.metrics)
 
-    # Final evaluation per method: mean ± std over seeds of the benchmark score.
-    final = []
-    for method in params.run.methods:
-        row = {"method": method}
-        for m in metrics:
-            vals = [r.eval["metrics"][m]["benchmark"] for r in runs if r.method == method and r.eval]
-            row[m] = mean_std(vals)
-            row["seeds"] = len(vals)
-        final.append(row)
+    final = _final_rows(params.run.methods, runs, metrics)
     speed = speed_table(params, runs)
     breakdown = iteration_breakdown(runs, params.train)
 
@@ -330,10 +343,7 @@ def build_report(params: Params, lay: Layout) -> dict[str, Any]:
                "ground_truth": {m: truth["metrics"][m]["benchmark"] for m in metrics if m in truth["metrics"]}
                if truth else None,
                "grid_columns": grid_columns, "evaluation": evaluation_section(params, runs, base)}
-    written, nulls = finite_json(json.loads(json.dumps(summary, default=str)))
-    if nulls:  # strict JSON (no bare NaN); a null says in words what it stands for
-        written["null"] = NULL_NOTE
-    atomic_write_text(out / "summary.json", json.dumps(written, indent=2, allow_nan=False) + "\n")
+    _write_summary(summary, out / "summary.json")
     breakdown = breakdown_rows(summary.get("iteration_breakdown", []))
     atomic_write_text(out / "README.md", page_markdown(params, summary, breakdown))
     atomic_write_text(out / "index.html", page_html(params, summary, breakdown))
