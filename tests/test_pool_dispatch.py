@@ -8,7 +8,6 @@ each (two "hosts"), and a worker `stray` whose JAGG_ROOT is another folder. The 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -71,8 +70,10 @@ def _worker(fr: dict) -> str | None:
 
 
 def _outputs(overrides: dict) -> str:
-    """The folder of a sweep point (flows/sweep.py:flow_params)."""
-    return "ci-" + hashlib.sha256(json.dumps(overrides, sort_keys=True, default=str).encode()).hexdigest()[:8]
+    """The folder of a sweep point (flows/sweep.py:flow_params): its digest covers what changes results only."""
+    from flows.sweep import sweep_digest
+
+    return "ci-" + sweep_digest(overrides)
 
 
 def _weights(root: Path, outputs: str, run: str, iteration: int = 4) -> dict:
@@ -119,9 +120,9 @@ def cluster(ci_base, tmp_path_factory):
         up = _run([jagg, "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port), "--name",
                    "head", "--queue", "default", "--crash-after", "60"], root, timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
-        for name in UNITS:
+        for name in UNITS:  # a training holds before iteration 2's rollout while the test's hold file exists
             w = _run([jagg, "services", "worker", "--api", api, "--name", name, "--queue", "units", "--limit", "1"],
-                     root, timeout=120)
+                     root, timeout=120, JAGG_FAULT="rollout@2:hold", JAGG_FAULT_HOLD=str(root / ".hold"))
             assert w.returncode == 0, w.stdout + w.stderr
         w = _run([jagg, "services", "worker", "--api", api, "--name", "stray", "--queue", "stray"], stray, timeout=120)
         assert w.returncode == 0, w.stdout + w.stderr
@@ -225,6 +226,8 @@ def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_
     the bits of an undisturbed run; the sweep completes."""
     overrides = cluster.pool(**REF, **{"run.methods": ["jagg"], "resources.speed_rounds": 0})
     ckpts = cluster.root / f"checkpoints/{_outputs(overrides)}/jagg-s0"
+    hold = cluster.root / ".hold"  # the training waits after its first checkpoint (a ci iteration takes < 1 s)
+    hold.write_text("")
     started = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "-p",
                     f"overrides={json.dumps(overrides)}", "-p", "parallel_runs=2"], cluster.root, timeout=120,
                    PREFECT_API_URL=cluster.api, PREFECT_HOME=str(cluster.root / ".services/prefect"))
@@ -246,6 +249,7 @@ def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_
     for p in procs:  # the worker and its training, at once
         p.send_signal(signal.SIGKILL)
     at = _checkpoints(ckpts)[-1]
+    hold.unlink()  # the resumed training goes on
     assert at < 4, "the training ended before the kill: the test proves nothing"
     state = _wait(cluster.api, sweep, 1200)
     assert state["type"] == "COMPLETED", state

@@ -7,8 +7,6 @@ with it: a stage refuses bad input before torch loads.
 
 from __future__ import annotations
 
-import importlib
-
 from ..errors import UserError
 
 __all__ = ["EvalError"]
@@ -19,7 +17,10 @@ class EvalError(UserError, RuntimeError):
 
 
 def __getattr__(name: str):
-    benchmark = importlib.import_module(f"{__name__}.benchmark")
+    if name == "benchmark":  # the submodule itself, asked before it is imported: the import system's to find
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import benchmark  # loads torch: on first use of one of its names (module docstring)
+
     if name not in benchmark.__all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(benchmark, name)

@@ -4,7 +4,9 @@
 (1-based) do ``action``. The points: the trainer's ``rollout``, ``reward``, ``update`` and ``checkpoint``, and the
 launcher's ``run_created`` (``tasks/train.py``, iteration 0: once the MLflow run exists, before any worker starts).
 The actions: ``kill`` (SIGKILL this process), ``oserror`` (raise ENOSPC, as a full disk), ``eacces`` (raise
-PermissionError, as a read-only folder), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN).
+PermissionError, as a read-only folder), ``term`` (SIGTERM this process), ``nan`` (the caller poisons its value with NaN),
+``hold`` (wait there while the file ``$JAGG_FAULT_HOLD`` exists: a test holds a run at a point, e.g. to kill it there,
+however fast the machine).
 
 The training recipe's points are hooks (:data:`TRAINER_FAULTS`, called by ``jagg_core/trainer/loop.py`` at its named
 points), so that what a fault does to the recipe's values is written here, not in the recipe.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import time
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
@@ -42,6 +45,10 @@ def fault(point: str, iteration: int) -> str | None:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
         if action == "eacces":
             raise PermissionError(errno.EACCES, "Permission denied (injected)")
+        if action == "hold":
+            hold = os.environ.get("JAGG_FAULT_HOLD")
+            while hold and os.path.exists(hold):
+                time.sleep(0.1)
         return action
     return None
 
