@@ -296,11 +296,24 @@ def store(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("r6-store")
     params = load_params(PARAMS, "ci", {"tracking.mlflow_uri": f"sqlite:///{root}/mlflow.db"})
+    elsewhere = tmp_path_factory.mktemp("r6-working-folder")
     with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)  # the store's artifacts (./mlruns of the experiment made now) stay in the test's folder
+        mp.chdir(elsewhere)  # a stage started from another folder: MLflow's default would put ./mlruns here
         tracker = Tracker(params, root)
         tracker.experiment_id
         yield tracker, root
+    assert not any(elsewhere.iterdir()), sorted(p.name for p in elsewhere.iterdir())
+
+
+def test_m1_a_sqlite_stores_artifacts_go_beside_it_not_into_the_working_folder(store, tmp_path):
+    tracker, root = store
+    run_id = tracker.child_run("artifacts", "jagg-s0", method="jagg", seed=0, key="artifacts")
+    (tmp_path / "note.txt").write_text("kept")
+    tracker.log_artifact(run_id, tmp_path / "note.txt", "notes")
+    kept = list((root / "mlruns").rglob("note.txt"))
+    assert [p.read_text() for p in kept] == ["kept"] and kept[0].parent.name == "notes", kept
+    location = tracker.client.get_experiment(tracker.experiment_id).artifact_location
+    assert location == (root / "mlruns" / "jagg-ci").as_uri(), location
 
 
 def _buffer_with_image(store, name: str, file: str) -> tuple:

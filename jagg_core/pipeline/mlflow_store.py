@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import Iterator
 
 from ..setup.redact import redact
 from ..errors import UserError
 
-__all__ = ["TrackingError", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock", "store_failure"]
+__all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock", "store_failure"]
 
 
 class TrackingError(UserError, RuntimeError):
@@ -25,6 +26,16 @@ def resolve_uri(uri: str, root: str | os.PathLike) -> str:
         return prefix + str((Path(root) / uri[len(prefix):]).resolve())
     return uri
 
+
+
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """Where a new experiment of a SQLite store keeps its artifacts: ``mlruns/<experiment>`` beside the database.
+    (MLflow's default is ``./mlruns`` of whatever folder the process runs in, so a stage started from elsewhere, or a
+    test, would scatter artifacts there.) Other stores choose their own (``None``)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
 
 @contextlib.contextmanager
 def store_creation_lock(uri: str) -> Iterator[None]:

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from ..setup.config import Params
 from ..setup.redact import flatten, redact
-from .mlflow_store import (TrackingError, check_sqlite_store, resolve_uri, shown, store_creation_lock,
-                           store_failure)
+from .mlflow_store import (TrackingError, artifact_location, check_sqlite_store, resolve_uri, shown,
+                           store_creation_lock, store_failure)
 from jagg_core.setup.storage import atomic_write_text, json_lines, read_regular
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
@@ -155,7 +155,8 @@ class Tracker:
             return exp.experiment_id
         try:
             # MLflow 3 opens an experiment without this tag in its GenAI view (traces); ours trains models.
-            return self.client.create_experiment(name, tags={"mlflow.experimentKind": "custom_model_development"})
+            return self.client.create_experiment(name, artifact_location=artifact_location(self.uri, name),
+                                                 tags={"mlflow.experimentKind": "custom_model_development"})
         except Exception:
             exp = self.client.get_experiment_by_name(name)  # another process created it meanwhile: use theirs
             if exp is None:
