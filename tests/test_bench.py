@@ -193,10 +193,8 @@ def test_cli_errors_are_one_sentence(argv, needle, capsys, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_mlflow_run(tiny, tmp_path, monkeypatch):
+def test_mlflow_run(tiny, tmp_path):
     from mlflow.tracking import MlflowClient
-
-    monkeypatch.chdir(tmp_path)  # a SQLite store's artifacts go to ./mlruns of the working folder (MLflow's default)
 
     from tasks.bench import _log_mlflow, _tracker
 

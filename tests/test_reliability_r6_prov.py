@@ -10,7 +10,6 @@ store is a `jagg run` (``slow``). The rows of docs/reliability.md's "Round 6" se
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -294,14 +293,9 @@ def evaluated(ci_base, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("m4eval") / "project"
     shutil.copytree(ci_base, root)
-    here = os.getcwd()
-    os.chdir(root)  # as a stage runs: a SQLite store's artifacts go to ./mlruns of the working folder
-    try:
-        for split in ("test", "test", "validation"):
-            params = load_params(root / "params.yaml", "ci", {"eval.split": split})
-            evaluate(params, Layout.of(params, root), "base")
-    finally:
-        os.chdir(here)
+    for split in ("test", "test", "validation"):
+        params = load_params(root / "params.yaml", "ci", {"eval.split": split})
+        evaluate(params, Layout.of(params, root), "base")
     client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("jagg-ci")
     (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("jagg.run") == "base"]
