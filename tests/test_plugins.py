@@ -62,6 +62,7 @@ def _forget(root: Path) -> None:
         del reward_base._BUILT[key]
     for label in [x for x in registry._LOADED if x.startswith(str(root))]:
         registry._LOADED.discard(label)
+        registry._FAILED.pop(label, None)
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,7 @@ def project(tmp_path_factory):
         shutil.copy(EXAMPLES / name, root / "plugins" / name)
     (root / "plugins/clash.py").write_text(CLASH)
     (root / "plugins/broken.py").write_text(BROKEN)
+    (root / "plugins/multiline.py").write_text("raise RuntimeError('the judge is down.\\n  see the log')\n")
     (root / "plugins/notes.txt").write_text("not a module\n")
     yield root
     _forget(root)
@@ -131,6 +133,41 @@ def test_a_plugin_failing_to_import_is_one_sentence_naming_the_file_and_the_erro
     assert msg == (f"params.yaml (profile ci): plugin {at / 'plugins/broken.py'} failed to import: "
                    f"ModuleNotFoundError: No module named 'no_such_module_for_jagg_plugin_test'.")
     assert "plugin_test_broken_after" not in registry.reward_names()
+    # asked for again in this process, the same sentence: not a silent skip (that read the params as if it loaded)
+    assert sentence({"plugins": ["plugins/broken.py"]}) == msg
+
+
+def test_a_plugin_whose_error_spans_lines_is_one_line_with_one_full_stop(at):
+    msg = sentence({"plugins": ["plugins/multiline.py"]})  # the helper checks: no newline, ends with a full stop
+    assert msg.endswith("failed to import: RuntimeError: the judge is down. see the log."), msg
+
+
+def test_a_rewards_list_option_is_passed_as_given_and_its_reward_built_once():
+    from typing import Annotated, Any
+
+    from pydantic import Field
+
+    from jagg_core.rewards import base as reward_base
+    from jagg_core.rewards import make_reward, register_reward
+
+    got = []
+
+    @register_reward("plugin_test_palette", options={"palette": (Annotated[list[int], Field(max_length=8)], None),
+                                                     "weights": (dict[str, Any], None)})
+    def palette(palette=(0,), weights=None):
+        got.append((palette, weights))
+        return lambda images, prompts, metadata: (images.mean((1, 2, 3)), {})
+
+    try:
+        first = make_reward("plugin_test_palette", palette=[1, 2], weights={"a": 1.0, "b": {"c": 2.0}})
+        again = make_reward("plugin_test_palette", weights={"b": {"c": 2.0}, "a": 1.0}, palette=[1, 2])
+        other = make_reward("plugin_test_palette", palette=[2, 1])
+        assert first is again and other is not first
+        assert got == [([1, 2], {"a": 1.0, "b": {"c": 2.0}}), ([2, 1], None)]
+    finally:
+        registry.remove("reward", "plugin_test_palette")
+        for key in [k for k in reward_base._BUILT if k[0] == "plugin_test_palette"]:
+            del reward_base._BUILT[key]
 
 
 @pytest.mark.parametrize("given, expected", [

@@ -107,7 +107,7 @@ PIPELINE_CLASS = "SanaPipeline"  # what an export loads into; its LoRA format is
 TRANSFORMER_CLASS = "SanaTransformer2DModel"
 COMPONENTS = ("scheduler", "text_encoder", "tokenizer", "transformer", "vae")
 
-# Cost facts for a planner (the fields of jagg_core/pipeline/plan.py's Architecture), checked against the built model
+# Cost facts for a planner (the fields of jagg_core.setup.registry.CostFacts), checked against the built model
 # by the test.
 ARCHITECTURE: dict[str, Any] = dict(
     name="tiny Sana (random)",

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, sentence
 from ..schedules import Schedule
 from ..setup.registry import BackboneSpec, PluginError, add, backbone_names, backbone_spec
 
@@ -167,5 +167,5 @@ def load_policy(
     try:
         spec = backbone_spec(backbone)
     except PluginError as e:
-        raise PolicyError(f"{e}.") from None
+        raise PolicyError(sentence(e)) from None
     return spec.factory(path, device=torch.device(device), dtype=dtype, options=dict(options or {}))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, sentence
 from ..setup.registry import PluginError, RewardSpec, add, reward_names, reward_spec
 
 __all__ = [
@@ -97,26 +97,35 @@ def _spec(name: str) -> RewardSpec:
     try:
         return reward_spec(name)
     except PluginError as e:
-        raise RewardError(f"{e}.") from None
+        raise RewardError(sentence(e)) from None
 
 
-def _freeze(options: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, _freeze(v) if isinstance(v, Mapping) else v) for k, v in options.items()))
+def _freeze(value: Any) -> Any:
+    """A hashable key for options of any shape: mappings (sorted), lists and tuples, sets; the factory gets the
+    options as given, not this key."""
+    if isinstance(value, Mapping):
+        return ("map", tuple(sorted((k, _freeze(v)) for k, v in value.items())))
+    if isinstance(value, (list, tuple)):
+        return ("seq", tuple(_freeze(v) for v in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", frozenset(_freeze(v) for v in value))
+    return value
 
 
-_BUILT: dict[tuple[str, tuple], RewardFn] = {}  # (name, frozen options) -> the reward built in this process
+_BUILT: dict[tuple[str, Any], RewardFn] = {}  # (name, frozen options) -> the reward built in this process
 
 
-def _cached(name: str, frozen: tuple) -> RewardFn:
-    if (name, frozen) not in _BUILT:
-        fn = _spec(name).factory(**dict(frozen))
-        kind = reward_kind(name, dict(frozen))
+def _cached(name: str, options: Mapping[str, Any]) -> RewardFn:
+    key = (name, _freeze(options))
+    if key not in _BUILT:
+        fn = _spec(name).factory(**options)
+        kind = reward_kind(name, options)
         try:
             fn.kind = kind  # what the weighted reward reads to call it per batch or per prompt group
         except AttributeError:  # a callable without attributes (a bound method): wrapped in one that has them
             fn = _with_kind(fn, kind)
-        _BUILT[name, frozen] = fn
-    return _BUILT[name, frozen]
+        _BUILT[key] = fn
+    return _BUILT[key]
 
 
 def _with_kind(fn: RewardFn, kind: str) -> RewardFn:
@@ -191,4 +200,4 @@ def make_metric(name: str, **options: Any) -> RewardFn:
 def make_reward(name: str, **options: Any) -> RewardFn:
     """The reward ``name`` built with ``options``; built once per process for the same options."""
     check_reward_options(name, options)
-    return _cached(name, _freeze(options))
+    return _cached(name, options)

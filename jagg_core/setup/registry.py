@@ -3,8 +3,8 @@
 As timm's ``@register_model``: a backbone module declares its :class:`BackboneSpec` (options, the files it needs, cost
 facts for ``jagg plan``, export and evaluation facts, a tiny random stand-in) beside its policy factory, a reward
 module its :class:`RewardSpec` beside its factory, and registers it there (``jagg_core.policies.register_backbone``,
-``jagg_core.rewards.register_reward``). The configuration, ``jagg plan``, export, evaluation, the report and the smoke
-test read the specs; none of them names a backbone or a reward.
+``jagg_core.rewards.register_reward``). The configuration, ``jagg plan``, export, evaluation and the report read the
+specs; none of them names a backbone or a reward.
 
 Where plugins come from (:func:`load_plugins`), the built-in ones included, so that a user's plugin is found the way
 jagg finds its own:
@@ -13,8 +13,8 @@ jagg finds its own:
   there; a user's package adds ``[project.entry-points."jagg.plugins"] my_reward = "my_pkg.my_reward"``);
 - the files named in params.yaml's ``plugins`` list (paths inside the project), imported by path.
 
-A plugin that fails to import, registers a name that is already taken, or declares a spec that is not one, is one
-sentence (:class:`PluginError`) naming the plugin and its file. docs/extending.md is the guide.
+A plugin that fails to import or registers a name that is already taken is one sentence (:class:`PluginError`)
+naming the plugin and its file (or entry point). docs/extending.md is the guide.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from ..errors import UserError
+from ..errors import UserError, sentence
 from .options import OptionSchema, option_reader, read_options
 
 __all__ = ["ENTRY_POINT_GROUP", "BackboneSpec", "CostFacts", "PluginError", "RewardSpec", "add", "backbone_names",
@@ -67,14 +67,14 @@ class BackboneSpec:
     factory: Callable[..., Any]
     options: OptionSchema  # model.options: {option: (type, default)}, read strictly (jagg_core.setup.options)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # the policy's defaults (resolution, guidance, ...)
-    hub_id: str | None = None  # where `huggingface-cli download` fetches it (the HF cache is read offline)
+    hub_id: str | None = None  # where `hf download` fetches it (the HF cache is read offline)
     components: Mapping[str, str] = field(default_factory=dict)  # sub-folder -> the files it must hold
     check_files: Callable[[str | None], None] | None = None  # files checked without loading (None: by components)
     cost: CostFacts | None = None  # jagg plan's arithmetic (None: not planned, e.g. a laptop-sized model)
     export_pipeline: str | None = None  # the diffusers pipeline whose LoRA format an export writes
     video: bool = False  # samples are clips (B, F, 3, H, W): frame-averaged image scores, frame strips
     world: bool = False  # the embedded toy world's model: prompts from the world, base model from `jagg pretrain`
-    stand_in: Callable[[Path], Path] | None = None  # writes a tiny random model folder (tests, `jagg smoke`)
+    stand_in: Callable[[Path], Path] | None = None  # writes a tiny random model folder (tests)
     origin: str = ""  # the module or file that registered it (filled in by add())
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -118,6 +118,7 @@ def _reader(where: str, spec: BackboneSpec | RewardSpec):
 
 _SPECS: dict[str, dict[str, BackboneSpec | RewardSpec]] = {"backbone": {}, "reward": {}}
 _LOADED: set[str] = set()  # entry points and files already imported by this process
+_FAILED: dict[str, "PluginError"] = {}  # those whose import failed, with their sentence
 _LOCK = threading.RLock()
 # the plugin being imported: (its label, its module; None for a file); its registrations are attributed to it
 _loading: list[tuple[str, str | None]] = []
@@ -150,16 +151,20 @@ def remove(kind: Literal["backbone", "reward"], name: str) -> None:
 
 
 def _import(label: str, load: Callable[[], Any], module: str | None = None) -> None:
+    if label in _FAILED:  # a plugin that failed is not imported again (half a registration twice): its sentence is
+        raise _FAILED[label]  # said again each time it is asked for, never an "unknown reward" later
     if label in _LOADED:
         return
-    _LOADED.add(label)  # also when it fails: the sentence is raised once, not half a registration twice
+    _LOADED.add(label)
     _loading.append((label, module))
     try:
         load()
-    except PluginError:
+    except PluginError as e:
+        _FAILED[label] = e
         raise
     except Exception as e:  # noqa: BLE001  (a plugin's own error, whatever it is, is one sentence naming it)
-        raise PluginError(f"plugin {label} failed to import: {type(e).__name__}: {str(e)[:300]}") from None
+        _FAILED[label] = PluginError(f"plugin {label} failed to import: {type(e).__name__}: {sentence(e, 300)}")
+        raise _FAILED[label] from None
     finally:
         _loading.pop()
 
