@@ -15,6 +15,7 @@ an error of its own is not, and fails the sweep with its sentence.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -111,52 +112,96 @@ def _worker(tags: list[str]) -> str:
     return next((t.removeprefix("worker:") for t in tags if t.startswith("worker:")), "?")
 
 
+def _unit_sentence(message: str | None) -> str:
+    """The unit's own sentence out of a FAILED flow run's state message (Prefect prefixes it with "Flow run
+    encountered an exception: <Class>: ")."""
+    text = " ".join((message or "").split())
+    text = re.sub(r"^Flow run encountered an exception: (?:[\w.]+: )?", "", text)
+    return text or "no message"
+
+
+def _cancel(client: Any, in_flight: dict[str, _Unit]) -> list[str]:
+    """Cancel the units still in flight (their workers stop their processes and free their devices); returns them,
+    as "train jagg-s1", for the sweep's last sentence."""
+    from prefect.states import Cancelling
+
+    cancelled = []
+    for fid, unit in in_flight.items():
+        try:
+            client.set_flow_run_state(fid, Cancelling(message="the sweep stopped"), force=True)
+            cancelled.append(f"{unit.kind} {unit.run}")
+        except Exception as e:  # noqa: BLE001  (the sweep's own error is what the user must see)
+            print(f"jagg: warning: could not cancel {unit.kind} {unit.run} (flow run {fid}): {type(e).__name__}")
+    return cancelled
+
+
 def run_on_pool(params: Params, *, profile: str, parallel_runs: int, sweep: str, overrides: dict[str, Any] | None,
                 params_file: str | None, restart: bool) -> list[dict]:
     """Evaluate the base model, train every method × seed and evaluate each, every unit a flow run on the pool;
-    returns, per unit, its run, flow runs and the worker that completed it."""
-    shared = write_sentinel(params, ROOT, sweep)
-    common = {"profile": profile, "shared": shared, "sweep": sweep, "overrides": overrides,
-              "params_file": params_file, "restart": restart}
+    returns, per unit, its run, flow runs and the worker that completed it. If a unit fails (or the sweep itself
+    does), the units still in flight are cancelled and named."""
     pending = [_Unit("evaluate", "base")] + [_Unit("train", run_name(m, s), m, s)
                                                for s in params.run.seeds for m in params.run.methods]
     in_flight: dict[str, _Unit] = {}
     done: list[dict] = []
     submitted_at: dict[str, float] = {}
+    shared = write_sentinel(params, ROOT, sweep)
+    common = {"profile": profile, "shared": shared, "sweep": sweep, "overrides": overrides,
+              "params_file": params_file, "restart": restart}
     try:
         with get_client(sync_client=True) as client:
-            while pending or in_flight:
-                while pending and len(in_flight) < parallel_runs:
-                    unit = pending.pop(0)
-                    fid = _submit(unit, common)
-                    in_flight[fid] = unit
-                    submitted_at[fid] = time.monotonic()
-                time.sleep(POLL_S)
-                flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(in_flight))))
-                for fr in flow_runs:
-                    fid, unit, state = str(fr.id), in_flight[str(fr.id)], fr.state
-                    if state is None or not state.is_final():
-                        if state is not None and state.is_scheduled() and time.monotonic() - submitted_at[fid] > UNTAKEN_S:
-                            print(f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; "
-                                  f"start one (docs/scaling.md)")
-                            submitted_at[fid] = float("inf")
-                        continue
-                    del in_flight[fid]
-                    worker = _worker(fr.tags)
-                    if state.is_completed():
-                        print(f"{unit.kind} {unit.run} completed on worker {worker!r}")
-                        done.append({"kind": unit.kind, "run": unit.run, "worker": worker, "flow_runs": unit.flow_runs})
-                        if unit.kind == "train":
-                            pending.insert(0, _Unit("evaluate", unit.run))  # its evaluation next
-                    elif state.is_crashed() and unit.crashes < RESUBMITS[unit.kind]:
-                        unit.crashes += 1
-                        print(f"{unit.kind} {unit.run} crashed on worker {worker!r} ({state.message}); submitting it "
-                              f"again ({unit.crashes} of {RESUBMITS[unit.kind]}): it resumes from its last complete "
-                              f"checkpoint")
-                        pending.insert(0, unit)
-                    else:
-                        raise PoolError(f"{unit.kind} {unit.run} ended {state.name} on worker {worker!r} (flow run "
-                                        f"{fid}): {(state.message or '').strip() or 'no message'}")
+            try:
+                _drive(client, pending, in_flight, done, submitted_at, common, parallel_runs)
+            except BaseException as e:
+                cancelled = _cancel(client, in_flight) if in_flight else []
+                if cancelled and isinstance(e, PoolError):
+                    raise PoolError(f"{str(e).rstrip('.')}; the sweep stopped and cancelled the units still in "
+                                    f"flight ({', '.join(cancelled)}): run it again to resume them.") from None
+                if cancelled:
+                    print(f"jagg: the sweep stopped; cancelled the units still in flight: {', '.join(cancelled)}")
+                raise
     finally:
         remove_sentinel(ROOT, shared)
     return done
+
+
+def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done: list[dict],
+           submitted_at: dict[str, float], common: dict[str, Any], parallel_runs: int) -> None:
+    """Keep ``parallel_runs`` units in flight until every unit has completed; a unit that FAILED raises."""
+    while pending or in_flight:
+        while pending and len(in_flight) < parallel_runs:
+            unit = pending.pop(0)
+            fid = _submit(unit, common)
+            in_flight[fid] = unit
+            submitted_at[fid] = time.monotonic()
+        time.sleep(POLL_S)
+        flow_runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(in_flight))))
+        seen = {str(fr.id) for fr in flow_runs}
+        gone = [fid for fid in in_flight if fid not in seen]
+        if gone:
+            unit = in_flight.pop(gone[0])
+            raise PoolError(f"{unit.kind} {unit.run}: its flow run {gone[0]} is gone from the Prefect server "
+                            f"(deleted?).")
+        for fr in flow_runs:
+            fid, unit, state = str(fr.id), in_flight[str(fr.id)], fr.state
+            if state is None or not state.is_final():
+                if state is not None and state.is_scheduled() and time.monotonic() - submitted_at[fid] > UNTAKEN_S:
+                    print(f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; start "
+                          f"one that serves the pool's queue `units` (docs/scaling.md)")
+                    submitted_at[fid] = time.monotonic()  # said again every UNTAKEN_S while it waits
+                continue
+            del in_flight[fid]
+            worker = _worker(fr.tags)
+            if state.is_completed():
+                print(f"{unit.kind} {unit.run} completed on worker {worker!r}")
+                done.append({"kind": unit.kind, "run": unit.run, "worker": worker, "flow_runs": unit.flow_runs})
+                if unit.kind == "train":
+                    pending.insert(0, _Unit("evaluate", unit.run))  # its evaluation next
+            elif state.is_crashed() and unit.crashes < RESUBMITS[unit.kind]:
+                unit.crashes += 1
+                print(f"{unit.kind} {unit.run} crashed on worker {worker!r} ({state.message}); submitting it again "
+                      f"({unit.crashes} of {RESUBMITS[unit.kind]}): it resumes from its last complete checkpoint")
+                pending.insert(0, unit)
+            else:
+                raise PoolError(f"{unit.kind} {unit.run} ended {state.name} on worker {worker!r} (flow run {fid}): "
+                                f"{_unit_sentence(state.message)}")

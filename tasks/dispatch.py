@@ -47,13 +47,22 @@ def write_sentinel(params: Params, root: Path, sweep: str) -> dict[str, str]:
     sweep_run = tracker.sweep_run(sweep)  # checks the sweep's name, which names the file too
     rel = f"{SENTINELS}/{sweep}-{token[:8]}.token"
     atomic_write_text(root / rel, token + "\n")
-    tracker.set_tags(sweep_run, {TOKEN_TAG: token})
+    try:
+        tracker.set_tags(sweep_run, {TOKEN_TAG: token})
+    except BaseException:
+        (root / rel).unlink(missing_ok=True)  # no token file outlives a sweep that never started
+        raise
     return {"token": token, "file": rel, "root": str(root), "host": socket.gethostname(),
             "mlflow_uri": redact(params.tracking.mlflow_uri)}
 
 
 def remove_sentinel(root: Path, shared: dict[str, str]) -> None:
-    (root / shared["file"]).unlink(missing_ok=True)
+    """Remove the sweep's token file; a filesystem that will not (a stale NFS handle) does not hide the sweep's own
+    outcome: a warning, the file left for `jagg services` to ignore (units check the token, not the file's age)."""
+    try:
+        (root / shared["file"]).unlink(missing_ok=True)
+    except OSError as e:
+        print(f"jagg: warning: could not remove the sweep's token file {shared['file']} ({e.strerror or e}).")
 
 
 def check_shared(params: Params, root: Path, sweep: str, shared: dict[str, Any]) -> None:

@@ -274,7 +274,20 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
 
 
 def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
-    atomic_write_text(f or STATE / "pids.json", json.dumps({k: _record(v) for k, v in pids.items()}))
+    import socket
+
+    records: dict[str, Any] = {k: _record(v) for k, v in pids.items()}
+    records["host"] = socket.gethostname()  # a pid means something on its own host only (.services/ may be shared)
+    atomic_write_text(f or STATE / "pids.json", json.dumps(records))
+
+
+def _pids_host() -> str | None:
+    """The host that wrote pids.json (None: no file, or one written before hosts were recorded)."""
+    try:
+        host = json.loads((STATE / "pids.json").read_text()).get("host")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return host if isinstance(host, str) else None
 
 
 def down() -> None:
@@ -283,6 +296,13 @@ def down() -> None:
         if _alive(pid):
             _stop(pid)
     _host_file().unlink(missing_ok=True)
+    import socket
+
+    head = _pids_host()
+    if head not in (None, socket.gethostname()):  # the services of another host (the head's): theirs to stop
+        print(f"jagg: the Prefect and MLflow servers of this project run on {head}; `jagg services down` there "
+              f"stops them")
+        return
     pids = _pids()
     for name in ("worker", "mlflow", "server"):  # the worker before its server
         pid = pids.get(name)

@@ -263,3 +263,140 @@ def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_
     assert _same(_weights(cluster.root, _outputs(overrides), "jagg-s0"), uninterrupted("jagg"))
     curve = (cluster.root / f"runs/{_outputs(overrides)}/jagg-s0/curve.tsv").read_text()
     assert [line.split("\t")[0] for line in curve.splitlines()[1:]] == ["1", "2", "3", "4"]  # every iteration once
+
+
+# --- The sweep's bookkeeping, fast: run_on_pool against a scripted Prefect client (the scheduling logic alone; the
+# tests above run it against a real server and real workers).
+
+class _FakePrefect:
+    """``run_deployment`` and the sync client of flows/pool.py, scripted: ``outcome(unit, polls)`` gives the state of
+    the flow run of ``unit`` ("train jagg-s0") at its ``polls``-th poll, None for "gone"."""
+
+    def __init__(self, outcome):
+        self.outcome, self.runs, self.cancelled, self.removed = outcome, {}, [], []
+
+    def run_deployment(self, name, *, parameters, timeout, flow_run_name, tags):
+        import uuid
+        from types import SimpleNamespace
+
+        fid = uuid.uuid4()
+        self.runs[str(fid)] = {"unit": flow_run_name, "polls": 0}
+        return SimpleNamespace(id=fid)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read_flow_runs(self, flow_run_filter):
+        from types import SimpleNamespace
+
+        out = []
+        for fid in [str(i) for i in flow_run_filter.id.any_]:
+            run = self.runs[fid]
+            run["polls"] += 1
+            state = self.outcome(run["unit"], run["polls"])
+            if state is not None:
+                out.append(SimpleNamespace(id=fid, state=state, tags=["worker:w1"]))
+        return out
+
+    def set_flow_run_state(self, fid, state, force):
+        assert force and state.name == "Cancelling"
+        self.cancelled.append(self.runs[str(fid)]["unit"])
+
+
+def _pool_sweep(monkeypatch, outcome, parallel_runs=3):
+    import flows.pool as pool
+    from jagg_core.setup.params_io import load_params
+    from conftest import REPO
+
+    fake = _FakePrefect(outcome)
+    monkeypatch.setattr(pool, "POLL_S", 0.0)
+    monkeypatch.setattr(pool, "run_deployment", fake.run_deployment)
+    monkeypatch.setattr(pool, "get_client", lambda sync_client: fake)
+    monkeypatch.setattr(pool, "write_sentinel", lambda params, root, sweep: {"file": "t"})
+    monkeypatch.setattr(pool, "remove_sentinel", lambda root, shared: fake.removed.append(shared["file"]))
+    params = load_params(REPO / "params.yaml", "ci", {"run.methods": ["jagg", "baseline"], "run.seeds": [0]})
+    kwargs = {"profile": "ci", "parallel_runs": parallel_runs, "sweep": "s", "overrides": None,
+              "params_file": None, "restart": False}
+    return fake, lambda: pool.run_on_pool(params, **kwargs)
+
+
+def test_a_failed_unit_cancels_the_units_in_flight_and_names_them_in_one_sentence(monkeypatch):
+    from prefect.states import Failed, Running
+
+    from flows.pool import PoolError
+
+    said = ("Flow run encountered an exception: DispatchError: worker 'stray' on h does not see the sweep's project "
+            "folder (/p on head); start each worker with JAGG_ROOT set to it (docs/scaling.md).")
+
+    def outcome(unit, polls):
+        return Failed(message=said) if unit == "train jagg-s0" else Running()
+
+    fake, sweep = _pool_sweep(monkeypatch, outcome)
+    with pytest.raises(PoolError) as e:
+        sweep()
+    msg = str(e.value)
+    assert re.fullmatch(r"train jagg-s0 ended Failed on worker 'w1' \(flow run [0-9a-f-]+\): worker 'stray' on h does "
+                        r"not see the sweep's project folder \(/p on head\); start each worker with JAGG_ROOT set to "
+                        r"it \(docs/scaling\.md\); the sweep stopped and cancelled the units still in flight "
+                        r"\(evaluate base, train baseline-s0\): run it again to resume them\.", msg), msg
+    assert sorted(fake.cancelled) == ["evaluate base", "train baseline-s0"] and fake.removed == ["t"]
+
+
+def test_a_sweep_whose_units_complete_evaluates_each_training_and_cancels_nothing(monkeypatch):
+    from prefect.states import Completed, Running
+
+    fake, sweep = _pool_sweep(monkeypatch, lambda unit, polls: Completed() if polls >= 2 else Running(), 2)
+    done = sweep()
+    assert [(d["kind"], d["run"]) for d in done] == [
+        ("evaluate", "base"), ("train", "jagg-s0"), ("evaluate", "jagg-s0"), ("train", "baseline-s0"),
+        ("evaluate", "baseline-s0")]
+    assert fake.cancelled == [] and fake.removed == ["t"]
+
+
+def test_a_unit_crashed_too_often_or_gone_from_the_server_fails_the_sweep(monkeypatch):
+    from prefect.states import Crashed, Running
+
+    from flows.pool import PoolError
+
+    fake, sweep = _pool_sweep(monkeypatch, lambda unit, polls: Crashed(message="no heartbeat")
+                              if unit == "evaluate base" else Running())
+    with pytest.raises(PoolError, match=r"^evaluate base ended Crashed on worker 'w1' .*: no heartbeat; the sweep "
+                                        r"stopped and cancelled the units still in flight \(train jagg-s0, train "
+                                        r"baseline-s0\)"):
+        sweep()  # an evaluation is submitted again once, then its second crash ends the sweep
+    assert sum(r["unit"] == "evaluate base" for r in fake.runs.values()) == 2
+
+    fake, sweep = _pool_sweep(monkeypatch, lambda unit, polls: None if unit == "train jagg-s0" else Running())
+    with pytest.raises(PoolError, match=r"^train jagg-s0: its flow run [0-9a-f-]+ is gone from the Prefect server "
+                                        r"\(deleted\?\); the sweep stopped and cancelled"):
+        sweep()
+    assert sorted(fake.cancelled) == ["evaluate base", "train baseline-s0"]
+
+
+def test_services_down_on_a_worker_host_leaves_the_heads_services_and_their_record(tmp_path, monkeypatch, capsys):
+    """.services/ is in the shared project folder: `jagg services down` on a GPU host stops that host's workers and
+    neither stops nor forgets the head's servers (their pids.json names the head)."""
+    import subprocess
+    import sys
+
+    import tasks.services as services
+
+    monkeypatch.setattr(services, "STATE", tmp_path)
+    head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        services._write_pids({"server": head.pid})
+        record = json.loads((tmp_path / "pids.json").read_text())
+        assert record["host"] == socket.gethostname()
+        (tmp_path / "pids.json").write_text(json.dumps({**record, "host": "head-node"}))
+        services.down()
+        assert "run on head-node; `jagg services down` there stops them" in capsys.readouterr().out
+        assert head.poll() is None and json.loads((tmp_path / "pids.json").read_text())["host"] == "head-node"
+        (tmp_path / "pids.json").write_text(json.dumps(record))  # on the head itself: stopped and forgotten
+        services.down()
+        assert head.wait(timeout=20) is not None and not (tmp_path / "pids.json").exists()
+    finally:
+        head.kill()
+        head.wait()
