@@ -12,7 +12,8 @@ from typing import Iterator
 from ..setup.redact import redact
 from ..errors import UserError
 
-__all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock", "store_failure"]
+__all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock",
+           "store_failure"]
 
 
 class TrackingError(UserError, RuntimeError):
@@ -27,7 +28,6 @@ def resolve_uri(uri: str, root: str | os.PathLike) -> str:
     return uri
 
 
-
 def artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment of a SQLite store keeps its artifacts: ``mlruns/<experiment>`` beside the database.
     (MLflow's default is ``./mlruns`` of whatever folder the process runs in, so a stage started from elsewhere, or a
@@ -36,6 +36,7 @@ def artifact_location(uri: str, experiment: str) -> str | None:
         return None
     db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
+
 
 @contextlib.contextmanager
 def store_creation_lock(uri: str) -> Iterator[None]:
