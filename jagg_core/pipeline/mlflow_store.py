@@ -12,8 +12,8 @@ from typing import Iterator
 from ..setup.redact import redact
 from ..errors import UserError
 
-__all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "store_creation_lock",
-           "store_failure"]
+__all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "sqlite_path",
+           "store_creation_lock", "store_failure"]
 
 
 class TrackingError(UserError, RuntimeError):
@@ -28,13 +28,20 @@ def resolve_uri(uri: str, root: str | os.PathLike) -> str:
     return uri
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a ``sqlite:///`` store (its query string left out); None for any other store."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+
+
 def artifact_location(uri: str, experiment: str) -> str | None:
     """Where a new experiment of a SQLite store keeps its artifacts: ``mlruns/<experiment>`` beside the database.
     (MLflow's default is ``./mlruns`` of whatever folder the process runs in, so a stage started from elsewhere, or a
     test, would scatter artifacts there.) Other stores choose their own (``None``)."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         return None
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     return (db.parent / "mlruns" / re.sub(r"[^A-Za-z0-9._-]", "_", experiment)).as_uri()
 
 
@@ -42,12 +49,12 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 def store_creation_lock(uri: str) -> Iterator[None]:
     """For a SQLite store, an exclusive lock beside the database while a process opens it: the first creates the
     tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         yield
         return
     import fcntl
 
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     db.parent.mkdir(parents=True, exist_ok=True)
     with open(db.with_name(db.name + ".lock"), "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -65,9 +72,9 @@ def shown(uri: str) -> str:
 def check_sqlite_store(uri: str) -> None:
     """A SQLite store that is a folder, or a file that is not a SQLite database, is one sentence before MLflow opens
     it (MLflow would answer with a long SQLAlchemy traceback)."""
-    if not uri.startswith("sqlite:///"):
+    db = sqlite_path(uri)
+    if db is None:
         return
-    db = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
     if db.is_dir():
         raise TrackingError(f"the MLflow store {db} is a folder, not a SQLite file; move it aside or set "
                             f"tracking.mlflow_uri to another file.")
@@ -82,8 +89,8 @@ def check_sqlite_store(uri: str) -> None:
 def store_failure(uri: str, what: str, e: BaseException) -> str:
     """One sentence for a store that failed every retry: what it is, which store, and the fix."""
     text = " ".join(str(e).split())
-    if uri.startswith("sqlite:///"):
-        db = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    db = sqlite_path(uri)
+    if db is not None:
         if "locked" in text:
             return (f"the MLflow store {db} cannot {what}: another process holds it locked; stop that process (or "
                     f"wait for it) and run again.")
