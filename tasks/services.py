@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -135,8 +136,6 @@ def _record(pid: int) -> dict[str, Any]:
 def _host_file() -> Path:
     """This host's record of the workers `jagg services worker` started here (.services/ may be on a filesystem that
     several hosts share; a pid means something on its own host only)."""
-    import socket
-
     return STATE / f"workers-{socket.gethostname()}.json"
 
 
@@ -146,15 +145,18 @@ def _pids(f: Path | None = None) -> dict[str, int]:
     return {name: rec["pid"] for name, rec in _records(f).items() if _ours(rec)}
 
 
-def _records(f: Path | None = None) -> dict[str, dict[str, Any]]:
+def _load(f: Path | None = None) -> dict[str, Any]:
+    """pids.json (or a host's workers file) as written by :func:`_write_pids`; {} when absent or unreadable."""
     f = f or STATE / "pids.json"
     try:
         data = json.loads(f.read_text()) if f.exists() else {}
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict):
-        return {}
-    return {str(k): v for k, v in data.items()
+    return data if isinstance(data, dict) else {}
+
+
+def _records(f: Path | None = None) -> dict[str, dict[str, Any]]:
+    return {str(k): v for k, v in _load(f).items()
             if isinstance(v, dict) and type(v.get("pid")) is int and v["pid"] > 0}
 
 
@@ -233,8 +235,6 @@ def _worker_cmd(pool: str, name: str | None, queues: list[str] | None = None, li
 def worker(api: str, pool: str, name: str | None, queues: list[str] | None = None, limit: int | None = None) -> str:
     """Start one more worker of ``pool`` on this host, serving the server at ``api`` (`jagg services worker`: a
     host of a pool-dispatched sweep, docs/scaling.md); returns its name."""
-    import socket
-
     name = name or socket.gethostname()
     _wait_http(f"{api}/health", 30, "the Prefect server")
     pids = _pids(_host_file())
@@ -274,8 +274,6 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
 
 
 def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
-    import socket
-
     records: dict[str, Any] = {k: _record(v) for k, v in pids.items()}
     records["host"] = socket.gethostname()  # a pid means something on its own host only (.services/ may be shared)
     atomic_write_text(f or STATE / "pids.json", json.dumps(records))
@@ -283,10 +281,7 @@ def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
 
 def _pids_host() -> str | None:
     """The host that wrote pids.json (None: no file, or one written before hosts were recorded)."""
-    try:
-        host = json.loads((STATE / "pids.json").read_text()).get("host")
-    except (OSError, ValueError, AttributeError):
-        return None
+    host = _load().get("host")
     return host if isinstance(host, str) else None
 
 
@@ -296,8 +291,6 @@ def down() -> None:
         if _alive(pid):
             _stop(pid)
     _host_file().unlink(missing_ok=True)
-    import socket
-
     head = _pids_host()
     if head not in (None, socket.gethostname()):  # the services of another host (the head's): theirs to stop
         print(f"jagg: the Prefect and MLflow servers of this project run on {head}; `jagg services down` there "
