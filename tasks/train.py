@@ -68,15 +68,15 @@ def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> Non
                             f"is back: it sends them and does not train again.") from None
 
 
-def checkpoint_tags(lay: Layout, run: str) -> dict[str, str]:
-    """Where a run's last checkpoint is and the SHA-256 of its manifest (which holds every file's SHA-256)."""
+def checkpoint_tags(lay: Layout, run: str, last=None) -> dict[str, str]:  # noqa: ANN001  (a Checkpoint)
+    """Where a run's last checkpoint is (``last``, or the newest one that verifies) and the SHA-256 of its manifest
+    (which holds every file's SHA-256)."""
     # loads torch: imported when the stage runs, so --help and a refused input answer without it
-    from jagg_core.trainer.checkpoint import file_sha256, list_checkpoints
+    from jagg_core.trainer.checkpoint import file_sha256, latest_checkpoint
 
-    found = list_checkpoints(lay.checkpoints(run))
-    if not found:
+    last = last or latest_checkpoint(lay.checkpoints(run))  # older checkpoints are not read
+    if last is None:
         return {}
-    last = found[-1]
     return {"jagg.checkpoint": str(last.path.relative_to(lay.root)), "jagg.checkpoint_iteration": str(last.iteration),
             "jagg.checkpoint_manifest_sha256": file_sha256(last.path / "manifest.json")}
 
@@ -139,19 +139,24 @@ def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> Tra
                       f"checkpoint.")
 
 
-def _trained(lay: Layout, run: str, params: Params, key: str | None = None) -> bool:
-    """The run's newest checkpoint is its last, written with these params (and, given ``key``, this fingerprint;
-    another machine compares the params only: its local copy of the base model may differ in file times)."""
+def _trained(lay: Layout, run: str, params: Params, key: str | None = None):  # noqa: ANN202  (a Checkpoint or None)
+    """The run's last checkpoint if it is trained: its newest checkpoint verifies, is its last, and was written with
+    these params (and, given ``key``, this fingerprint; another machine compares the params only: its local copy of
+    the base model may differ in file times); else None."""
     # loads torch: imported when the stage runs, so --help and a refused input answer without it
-    from jagg_core.trainer.checkpoint import latest_checkpoint
+    from jagg_core.trainer.checkpoint import latest_checkpoint, list_checkpoints
 
-    last = latest_checkpoint(lay.checkpoints(run))
+    listed = list_checkpoints(lay.checkpoints(run), check=False)
+    if not listed or listed[-1].iteration < params.train.iterations:
+        return None  # still training: no file is hashed here (the worker verifies what it resumes from)
+    last = latest_checkpoint(lay.checkpoints(run))  # verified: a damaged last checkpoint is not "trained"
     if last is None or last.iteration < params.train.iterations:
-        return False
+        return None
     state = last.state()
     if key is not None:
-        return state.get("run_key") == key
-    return json.dumps(state.get("params"), sort_keys=True) == json.dumps(params.redacted(), sort_keys=True)
+        return last if state.get("run_key") == key else None
+    same = json.dumps(state.get("params"), sort_keys=True) == json.dumps(params.redacted(), sort_keys=True)
+    return last if same else None
 
 
 def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str = DEFAULT_SWEEP,
@@ -190,11 +195,16 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
 def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: Machine, restart: bool, log,  # noqa: ANN001
                  tracker, mlflow_run: str, key: str, run: str) -> dict:  # noqa: ANN001
-    if params.resources.num_machines > 1 and _trained(lay, run, params, key):
-        # Trained already: launching would wait for the other machines, which have nothing to do.
-        log.info("%s is trained (%d iterations); not launching it on %d machines again", run,
-                 params.train.iterations, params.resources.num_machines)
-        tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
+    last = _trained(lay, run, params, key)
+    if last is not None:
+        # Trained already (its last checkpoint verified, with these params): no worker is launched to find that out
+        # (`dvc repro` after `jagg run` runs every train stage once; on several machines, launching would wait for
+        # machines that have nothing to do). What the run buffered during an outage of the store is still sent.
+        tags = checkpoint_tags(lay, run, last)
+        log.info("%s is trained (its last checkpoint, iteration %s, verified; train.iterations is %d): not launching "
+                 "it again", run, tags.get("jagg.checkpoint_iteration"), params.train.iterations)
+        _replay_pending(tracker, mlflow_run, lay, run, log)
+        tracker.set_tags(mlflow_run, tags)
         tracker.finish(mlflow_run)
         return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
     machine.check_address(params)
@@ -215,7 +225,7 @@ def _follow(params: Params, lay: Layout, method: str, seed: int, key: str, machi
             log) -> dict:  # noqa: ANN001
     """Machine rank ≥ 1: this machine's processes of the run, nothing else (rank 0 logs, checkpoints, evaluates)."""
     run = run_name(method, seed)
-    if _trained(lay, run, params):
+    if _trained(lay, run, params) is not None:
         log.info("%s is trained (%d iterations); nothing to do on machine %d", run, params.train.iterations,
                  machine.rank)
         return {"run": run, "machine_rank": machine.rank}

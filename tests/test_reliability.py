@@ -619,6 +619,32 @@ def test_changed_params_stop_unless_restart_and_more_iterations_continue(ci_proj
     assert len(aside) == 1 and aside[0].startswith("jagg-s0.superseded-")
 
 
+def test_a_trained_run_started_again_launches_no_worker_unless_its_last_checkpoint_is_damaged(ci_project,
+                                                                                              monkeypatch):
+    """`jagg train` (and `dvc repro` after `jagg run`, which runs every train stage once) on a run whose last
+    checkpoint is complete, verified and of these params: no `accelerate launch` to find that out; its MLflow run
+    ends FINISHED with the checkpoint's tags. A damaged last checkpoint is not "trained": the worker is launched (and
+    resumes from the one before it, tests above)."""
+    from mlflow.tracking import MlflowClient
+
+    import tasks.train as stage
+
+    params = ci(ci_project, **{"train.iterations": 2, "tracking.mlflow_uri": f"sqlite:///{ci_project}/m.db"})
+    train(params, "jagg", 0, root=ci_project, progress=False)  # in this process: the run's two checkpoints
+    launched = []
+    monkeypatch.setattr(stage, "_launch_workers", lambda *a, **k: launched.append(a[1:4]))
+    lay = Layout(ci_project, "ci")
+    out = stage.train_run(params, lay, "jagg", 0)
+    assert launched == []
+    run = MlflowClient(f"sqlite:///{ci_project}/m.db").get_run(out["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["jagg.checkpoint_iteration"] == "2"
+    newest = list_checkpoints(_ckpts(ci_project))[-1].path
+    weights = next(f for f in sorted(newest.iterdir()) if f.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:-8])  # a truncated file: the manifest's digest no longer holds
+    stage.train_run(params, lay, "jagg", 0)
+    assert launched == [(lay, "jagg", 0)], launched
+
+
 def _own_processes(root: Path) -> list:
     """Every live process started for the project ``root`` (by its JAGG_ROOT), the test's own excepted."""
     import psutil
