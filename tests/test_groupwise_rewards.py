@@ -4,13 +4,10 @@ trainer's rollout scoring), refused as evaluation metrics; pointwise rewards sti
 from __future__ import annotations
 
 import contextlib
-import csv
-import shutil
 
 import pytest
 import torch
 
-from conftest import run_module
 from jagg_core.rewards import (RewardError, check_rewards, make_metric, make_reward, make_weighted_reward,
                                pairwise_wins, register_reward, reward_kind)
 from jagg_core.rewards import available_rewards, base as reward_base
@@ -144,15 +141,5 @@ def test_kinds_are_checked_where_they_are_declared():
     assert "test_bad_kind" not in available_rewards()
 
 
-@pytest.mark.slow  # one ci training of 2 iterations through the launcher and a worker: ~1-2 min
-def test_cli_training_with_a_groupwise_reward(ci_project):
-    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
-                     "--set", "reward.weights={toy_fidelity_rank: 1.0, toy_preference: 1.0}", root=ci_project,
-                     timeout=900)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    rows = list(csv.DictReader((ci_project / "runs/ci/jagg-s0/curve.tsv").open(), delimiter="\t"))
-    assert len(rows) == 2
-    for row in rows:  # a ranking of each group of 4: the mean over a group is exactly 0.5
-        assert float(row["reward/toy_fidelity_rank/mean"]) == pytest.approx(0.5)
-    assert (ci_project / "checkpoints/ci/jagg-s0/checkpoint-000002").is_dir()
-    shutil.rmtree(ci_project / "checkpoints", ignore_errors=True)
+# Through the command line (a CLI training with this built-in groupwise reward beside a groupwise reward by file and
+# a package's pointwise reward, one training for the three): tests/test_plugins.py.

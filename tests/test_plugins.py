@@ -7,9 +7,10 @@ project, a missing file and a file that is not Python are each one sentence. Plu
 registered process-wide, so every registration made here is removed when this file's tests end.
 
 Slow, through the command line in a copy of the project (no file of jagg_core, tasks or flows changed): the example
-backbone (tiny-sana) with the example pointwise reward through train, evaluate, plan, export and report; the example
-groupwise reward trained on the toy backbone; and a reward installed as a package with a ``jagg.plugins`` entry point
-(a ``.dist-info`` folder on PYTHONPATH, which ``importlib.metadata`` finds as pip's own: nothing is installed into the
+backbone (tiny-sana) with the example pointwise reward through train, evaluate, plan, export and report; and one
+training on the toy backbone with three rewards from three places: the example groupwise reward by file, the built-in
+groupwise ``toy_fidelity_rank`` and a reward installed as a package with a ``jagg.plugins`` entry point (a
+``.dist-info`` folder on PYTHONPATH, which ``importlib.metadata`` finds as pip's own: nothing is installed into the
 venv).
 """
 
@@ -293,22 +294,6 @@ def test_example_backbone_and_reward_by_file_through_every_stage(sana_project):
     shutil.rmtree(root / "checkpoints", ignore_errors=True)
 
 
-@pytest.mark.slow  # one ci training of 2 iterations through the launcher and a worker
-def test_example_groupwise_reward_by_file_trains_on_the_toy_backbone(ci_project):
-    (ci_project / "examples/plugins").mkdir(parents=True)
-    shutil.copy(EXAMPLES / "colorfulness_rank.py", ci_project / "examples/plugins/colorfulness_rank.py")
-    _ok(run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
-                   "--set", "plugins=[examples/plugins/colorfulness_rank.py]",
-                   "--set", "reward.weights={colorfulness_rank: 1.0, toy_preference: 1.0}", root=ci_project,
-                   timeout=900), "train")
-    rows = _curve(ci_project, "ci", "jagg-s0")
-    assert len(rows) == 2
-    for row in rows:  # a ranking of each group of 4: the mean over a group is exactly 0.5
-        assert float(row["reward/colorfulness_rank/mean"]) == pytest.approx(0.5)
-    assert (ci_project / "checkpoints/ci/jagg-s0/checkpoint-000002/trainable.safetensors").is_file()
-    shutil.rmtree(ci_project / "checkpoints", ignore_errors=True)
-
-
 PACKAGE_MODULE = '''
 """A user's package: one reward, registered where it is defined, found through its `jagg.plugins` entry point."""
 from jagg_core.rewards import register_reward
@@ -322,30 +307,66 @@ def my_pkg_reward():
 '''
 
 
-@pytest.mark.slow  # one ci training of 2 iterations through the launcher and a worker
-def test_a_reward_from_an_installed_package_entry_point_trains(ci_project, tmp_path):
-    """The package is installed as pip lays one out (the module and its ``.dist-info`` with entry_points.txt) in a
-    site folder on the stage's PYTHONPATH: ``importlib.metadata`` finds it as any installed distribution, and the
-    project's venv is left as it was."""
-    from importlib.metadata import entry_points
-
-    site = tmp_path / "site"
+def _site_package(site: Path) -> Path:
+    """The package as pip lays one out (the module and its ``.dist-info`` with entry_points.txt) in a site folder:
+    on a stage's PYTHONPATH, ``importlib.metadata`` finds it as any installed distribution, and the project's venv is
+    left as it was."""
     info = site / "my_pkg_reward-0.1.0.dist-info"
     info.mkdir(parents=True)
     (site / "my_pkg_reward.py").write_text(PACKAGE_MODULE)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-pkg-reward\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text('[jagg.plugins]\nmy_pkg_reward = my_pkg_reward\n')
     (info / "RECORD").write_text("")
-    env = {"PYTHONPATH": f"{REPO}:{site}"}
-    _ok(run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
-                   "--set", "reward.weights={my_pkg_reward: 1.0}", root=ci_project, env=env, timeout=900), "train")
-    rows = _curve(ci_project, "ci", "jagg-s0")
+    return site
+
+
+@pytest.fixture(scope="module")
+def three_rewards(ci_base, tmp_path_factory):
+    """ONE ci training of 2 iterations through the launcher and a worker, on the toy backbone, with three rewards
+    from three places: the example groupwise reward by file (``plugins:``), the built-in groupwise
+    ``toy_fidelity_rank``, and a pointwise reward from an installed package's entry point. Each test below asserts
+    what its own reward did (one training instead of three: the suite's time)."""
+    work = tmp_path_factory.mktemp("three_rewards")
+    root = work / "project"
+    shutil.copytree(ci_base, root)
+    (root / "examples/plugins").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "colorfulness_rank.py", root / "examples/plugins/colorfulness_rank.py")
+    site = _site_package(work / "site")
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
+                     "--set", "plugins=[examples/plugins/colorfulness_rank.py]",
+                     "--set", "reward.weights={colorfulness_rank: 1.0, toy_fidelity_rank: 1.0, my_pkg_reward: 1.0}",
+                     root=root, env={"PYTHONPATH": f"{REPO}:{site}"}, timeout=900)
+    _ok(out, "train")
+    yield root, _curve(root, "ci", "jagg-s0")
+    shutil.rmtree(root / "checkpoints", ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_example_groupwise_reward_by_file_trains_on_the_toy_backbone(three_rewards):
+    root, rows = three_rewards
+    assert len(rows) == 2
+    for row in rows:  # a ranking of each group of 4: the mean over a group is exactly 0.5
+        assert float(row["reward/colorfulness_rank/mean"]) == pytest.approx(0.5)
+    assert (root / "checkpoints/ci/jagg-s0/checkpoint-000002/trainable.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_builtin_groupwise_reward_trains_through_the_cli(three_rewards):
+    _, rows = three_rewards
+    assert len(rows) == 2
+    for row in rows:  # tests/test_groupwise_rewards.py checks its ranks; here: one rank per group, mean 0.5
+        assert float(row["reward/toy_fidelity_rank/mean"]) == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_a_reward_from_an_installed_package_entry_point_trains(three_rewards):
+    from importlib.metadata import entry_points
+
+    root, rows = three_rewards
     assert len(rows) == 2 and all(0 < float(r["reward/my_pkg_reward/mean"]) < 1 for r in rows)
     assert float(rows[0]["reward/my_pkg_reward/group_std"]) > 0  # a signal to train on
-    assert (ci_project / "checkpoints/ci/jagg-s0/checkpoint-000002/trainable.safetensors").is_file()
     # without the package on the path the name is unknown: one sentence, and this process never saw it
-    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
-                     "--set", "reward.weights={my_pkg_reward: 1.0}", root=ci_project)
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "1",
+                     "--set", "reward.weights={my_pkg_reward: 1.0}", root=root)
     assert out.returncode != 0 and "unknown reward 'my_pkg_reward'" in out.stderr and "Traceback" not in out.stderr
     assert "my_pkg_reward" not in {ep.name for ep in entry_points(group="jagg.plugins")}
-    shutil.rmtree(ci_project / "checkpoints", ignore_errors=True)
