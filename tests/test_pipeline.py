@@ -79,9 +79,35 @@ def _ran(out: subprocess.CompletedProcess) -> set[str]:
     return {_stage(s) for s in re.findall(r"Running stage '([^']+)'", out.stdout)}
 
 
+def _files(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(f.relative_to(folder)): (f.stat().st_mtime_ns, f.read_bytes()) for f in sorted(folder.rglob("*"))
+            if f.is_file()}
+
+
+def _mlflow_run_list(root: Path, experiment: str) -> list[dict]:
+    """Every run of ``experiment`` (a run name has one MLflow run per sweep: `jagg run`'s, DVC's ``default``)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None, f"no MLflow experiment {experiment}"
+    return [{"metrics": r.data.metrics, "tags": r.data.tags}
+            for r in client.search_runs([exp.experiment_id], "tags.`jagg.kind` = 'run'")]
+
+
+TRAINED_METRICS = {"reward/mean", "time/update", "train/backward_calls", "train/kl_ref", "eval/toy_fidelity",
+                   "reward/toy_fidelity/group_std", "reward/toy_fidelity/zero_std_frac"}
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~20 stage processes; beside another test worker on 2 cores it may pass 900 s
-def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_path):
+@pytest.mark.timeout(1800)  # `jagg run`, then ~20 stage processes; beside another test worker on 2 cores
+def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(tmp_path):
+    """`make run` then `make repro`, on ci: the profile's pipeline runs the commands `jagg run` ran, into the same
+    folders, so its first `dvc repro` (no dvc.lock yet: every stage runs once, to be recorded) finds every run
+    trained and every evaluation made, rewrites no checkpoint, and leaves the pipeline up to date. Then what a user
+    changes: a method's param, a module, an iteration more as a DVC experiment — each reruns exactly its stages.
+    (One project for both halves: a `dvc repro` from nothing runs the same stage commands as this one's, which
+    tests/conftest.py's fixtures and `jagg run` run in every other test; the suite's time.)"""
     root = _clone(tmp_path)
     # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same. ci's
     # pipeline reads its methods from the top-level run.methods (its overlay sets none): the edit changes its stages.
@@ -89,15 +115,21 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
     assert three in text
     (root / "params.yaml").write_text(text.replace(three, two, 1))
+    run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    trained = {run: _files(root / "checkpoints/ci" / run) for run in ("baseline-s0", "jagg-s0")}
+    curves = {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in ("baseline-s0", "jagg-s0")}
+    assert all(trained.values())
     first = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert _ran(first) == {"prepare", "pretrain", "evaluate-base", "speed", "report",
                            *(f"{stage}@{m}-0" for stage in ("train", "evaluate") for m in ("baseline", "jagg"))}
     assert (root / "pipelines/ci/dvc.lock").is_file() and not (root / "dvc.lock").exists()
+    assert {run: _files(root / "checkpoints/ci" / run) for run in trained} == trained  # not one file rewritten
+    assert {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in curves} == curves
     for method in ("baseline", "jagg"):
         run = f"{method}-s0"
         assert (root / "checkpoints/ci" / run / "checkpoint-000002/manifest.json").exists()
-        assert (root / "runs/ci" / run / "curve.tsv").exists()
         metrics = json.loads((root / "eval/ci" / run / "metrics.json").read_text())
         assert metrics["step"] == 2 and "toy_fidelity" in metrics["metrics"]
         assert [p["step"] for p in metrics["curve"]] == [1, 2]
@@ -112,14 +144,6 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     for src in images:
         assert (root / "reports/ci" / src).is_file(), src
     assert "jagg" in (root / "reports/ci/README.md").read_text()
-    # MLflow has every run with its training and evaluation metrics, tagged with its DVC stage.
-    runs = _mlflow_runs(root, "jagg-ci")
-    for method in ("baseline", "jagg"):
-        r = runs[f"{method}-s0"]
-        assert {"reward/mean", "time/update", "train/backward_calls", "train/kl_ref", "eval/toy_fidelity",
-                "reward/toy_fidelity/group_std", "reward/toy_fidelity/zero_std_frac"} <= set(r["metrics"])
-        assert r["tags"]["method"] == method and r["tags"]["dvc_stage"] == f"{CI_PIPELINE}:evaluate@{method}-0"
-        assert r["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
     assert _stale(root) == set()
 
     # One method's param: exactly that method's train and evaluate, the side-by-side timing of the methods (it times
@@ -133,6 +157,14 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert _ran(second) == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
     assert _stale(root) == set()
+    # MLflow has every run with its training and evaluation metrics: baseline-s0's from `jagg run`, the retrained
+    # jagg-s0's from DVC's stages, tagged with its DVC stage.
+    runs = _mlflow_run_list(root, "jagg-ci")
+    assert any(r["tags"]["jagg.run"] == "baseline-s0" and TRAINED_METRICS <= set(r["metrics"]) for r in runs)
+    by_dvc = [r for r in runs if r["tags"]["jagg.run"] == "jagg-s0" and TRAINED_METRICS <= set(r["metrics"])
+              and r["tags"].get("dvc_stage") == f"{CI_PIPELINE}:evaluate@jagg-0"]
+    assert len(by_dvc) == 1 and by_dvc[0]["tags"]["method"] == "jagg", [r["tags"] for r in runs]
+    assert by_dvc[0]["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
 
     # Code: editing a module makes exactly the stages whose commands import it stale, and `dvc repro` reruns them
     # (the report's figures: one stage, so the check stays cheap; test_dvc_deps checks every stage's import list).
@@ -168,35 +200,6 @@ def test_dvc_repro_runs_everything_then_only_what_a_param_change_made_stale(tmp_
     assert [p["step"] for p in json.loads((root / "eval/ci/jagg-s0/curve.json").read_text())] == [1, 2, 3]
     plots = _run([str(BIN / "dvc"), "plots", "show", "--json"], root)
     assert plots.returncode == 0 and "eval/ci/jagg-s0/curve.json" in plots.stdout, plots.stderr[-2000:]
-
-
-
-def _files(folder: Path) -> dict[str, tuple[int, bytes]]:
-    return {str(f.relative_to(folder)): (f.stat().st_mtime_ns, f.read_bytes()) for f in sorted(folder.rglob("*"))
-            if f.is_file()}
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_dvc_repro_after_jagg_run_retrains_nothing_then_is_up_to_date(tmp_path):
-    """`make run` then `make repro`, on ci: the profile's pipeline runs the commands `jagg run` ran, into the same
-    folders, so its first `dvc repro` (no dvc.lock yet: every stage runs once) finds every run trained and every
-    evaluation made, rewrites no checkpoint, and leaves the pipeline up to date."""
-    root = _clone(tmp_path)
-    text = (root / "params.yaml").read_text()
-    three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
-    (root / "params.yaml").write_text(text.replace(three, two, 1))
-    run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    trained = {run: _files(root / "checkpoints/ci" / run) for run in ("baseline-s0", "jagg-s0")}
-    curves = {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in ("baseline-s0", "jagg-s0")}
-    assert all(trained.values())
-    repro = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
-    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
-    assert {"train@baseline-0", "train@jagg-0"} <= _ran(repro)  # run once, to be recorded in pipelines/ci/dvc.lock
-    assert {run: _files(root / "checkpoints/ci" / run) for run in trained} == trained  # not one file rewritten
-    assert {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in curves} == curves
-    assert _stale(root) == set()
 
 
 def _flow_artifacts(api: str, flow_run_id: str) -> dict[str, dict]:
