@@ -74,7 +74,8 @@ def checkpoint_tags(lay: Layout, run: str, last=None) -> dict[str, str]:  # noqa
     # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.trainer.checkpoint import file_sha256, latest_checkpoint
 
-    last = last or latest_checkpoint(lay.checkpoints(run))  # older checkpoints are not read
+    if last is None:
+        last = latest_checkpoint(lay.checkpoints(run))  # older checkpoints are not read
     if last is None:
         return {}
     return {"jagg.checkpoint": str(last.path.relative_to(lay.root)), "jagg.checkpoint_iteration": str(last.iteration),
@@ -200,23 +201,19 @@ def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: M
         # Trained already (its last checkpoint verified, with these params): no worker is launched to find that out
         # (`dvc repro` after `jagg run` runs every train stage once; on several machines, launching would wait for
         # machines that have nothing to do). What the run buffered during an outage of the store is still sent.
-        tags = checkpoint_tags(lay, run, last)
-        log.info("%s is trained (its last checkpoint, iteration %s, verified; train.iterations is %d): not launching "
-                 "it again", run, tags.get("jagg.checkpoint_iteration"), params.train.iterations)
-        _replay_pending(tracker, mlflow_run, lay, run, log)
-        tracker.set_tags(mlflow_run, tags)
-        tracker.finish(mlflow_run)
-        return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
-    machine.check_address(params)
-    remove_stale_contexts(lay.run_dir(run), ".worker-context-*.json")
-    context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
-    try:  # an error ends the run FAILED, Ctrl-C or SIGTERM (through stop_on_signals) KILLED: Tracker.ending
-        write_context(context, params, lay, mlflow_run, key, restart)
-        _launch_workers(params, lay, method, seed, machine, context, log)
-    finally:
-        context.unlink(missing_ok=True)
+        log.info("%s is trained (its last checkpoint, iteration %d, verified; train.iterations is %d): not launching "
+                 "it again", run, last.iteration, params.train.iterations)
+    else:
+        machine.check_address(params)
+        remove_stale_contexts(lay.run_dir(run), ".worker-context-*.json")
+        context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
+        try:  # an error ends the run FAILED, Ctrl-C or SIGTERM (through stop_on_signals) KILLED: Tracker.ending
+            write_context(context, params, lay, mlflow_run, key, restart)
+            _launch_workers(params, lay, method, seed, machine, context, log)
+        finally:
+            context.unlink(missing_ok=True)
     _replay_pending(tracker, mlflow_run, lay, run, log)
-    tracker.set_tags(mlflow_run, checkpoint_tags(lay, run))
+    tracker.set_tags(mlflow_run, checkpoint_tags(lay, run, last))
     tracker.finish(mlflow_run)
     return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}
 
