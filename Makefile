@@ -25,10 +25,11 @@ run: setup
 	$(BIN)/jagg run --profile toy
 
 # The suite runs in $(TEST_WORKERS) worker processes (pytest-xdist), each test file in one worker (its module
-# fixtures built once), torch single-threaded in each (two workers use both cores of a 2-core machine without
-# oversubscribing them).
-TEST_WORKERS ?= 2
-PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+# fixtures built once), torch single-threaded in each; one worker more than the machine has cores, since the
+# end-to-end tests spend much of their time waiting on servers and on fresh processes' start-up. Files go out
+# longest first (tests/conftest.py's LONGEST_FIRST, in collection order: --no-loadscope-reorder).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # lint-imports first: the import contracts of pyproject.toml (the floors of docs/architecture.md), in seconds.
 test: setup

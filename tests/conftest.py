@@ -20,18 +20,55 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+# The suite's longest files, longest first (seconds of one worker in a full run on a slow 2-core machine,
+# 2026-12-04): pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, in collection order
+# (--no-loadscope-reorder, Makefile); a long file handed out last would run alone at the end while the other
+# workers idle. Files not named here follow, in their usual order.
+LONGEST_FIRST = {
+    "test_dvc_repro.py": 774, "test_pool_dispatch.py": 651, "test_reliability.py": 525,
+    "test_sharded_checkpoints.py": 354, "test_pipeline.py": 283, "test_interrupts.py": 283, "test_frontier.py": 210,
+    "test_reliability_r5.py": 197, "test_trainer.py": 186, "test_dvc_pipelines.py": 143, "test_plugins.py": 135,
+    "test_hps_reference.py": 121, "test_served_rewards.py": 114, "test_reliability_r6_prov.py": 111,
+    "test_evaluation_cache.py": 108,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: -LONGEST_FIRST.get(item.path.name, 0))  # a stable sort: each file's order kept
+
+
+def _built_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder ``name``, made by ``build(folder)`` once per test session and shared by every pytest-xdist worker
+    (pytest-xdist's documented pattern: the workers' temporary folders share a parent; a file lock makes one build
+    it while the others wait). Tests copy it before they write."""
+    from filelock import FileLock
+
+    parent = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        parent = parent.parent
+    folder, done = parent / name, parent / f"{name}.done"
+    with FileLock(str(parent / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a build that failed in another worker
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 def _prepared_project(tmp_path_factory, profile: str) -> Path:
     """A project root with ``profile``'s prompts and base model, made by the pipeline's own stages.
 
     In fresh processes, as the pipeline runs them: the base model's bits must not depend on what earlier tests did
     to this process (e.g. torch's thread count), or the pinned digests of test_refactor_reference would.
     """
-    root = tmp_path_factory.mktemp(f"{profile}_base")
-    shutil.copy(REPO / "params.yaml", root / "params.yaml")
-    for stage in ("tasks.prepare", "tasks.pretrain"):
-        out = run_module(stage, "--profile", profile, root=root)
-        assert out.returncode == 0, out.stderr[-2000:]
-    return root
+    def build(root: Path) -> None:
+        shutil.copy(REPO / "params.yaml", root / "params.yaml")
+        for stage in ("tasks.prepare", "tasks.pretrain"):
+            out = run_module(stage, "--profile", profile, root=root)
+            assert out.returncode == 0, out.stderr[-2000:]
+
+    return _built_once(tmp_path_factory, f"{profile}_base", build)
 
 
 @pytest.fixture(scope="session")
@@ -79,13 +116,14 @@ def uninterrupted(ci_base, tmp_path_factory):
     cache: dict[str, dict] = {}
     roots: dict[str, Path] = {}
 
+    def train(method: str, root: Path) -> None:
+        shutil.copytree(ci_base, root, dirs_exist_ok=True)
+        out = run_module("tasks.train", *WORKER_ARGS, "--method", method, root=root)
+        assert out.returncode == 0, out.stderr[-2000:]
+
     def get(method: str) -> dict:
         if method not in cache:
-            root = tmp_path_factory.mktemp(f"ref-{method}")
-            shutil.rmtree(root)
-            shutil.copytree(ci_base, root)
-            out = run_module("tasks.train", *WORKER_ARGS, "--method", method, root=root)
-            assert out.returncode == 0, out.stderr[-2000:]
+            root = _built_once(tmp_path_factory, f"ref-{method}", lambda folder: train(method, folder))
             cache[method] = load_tensors(root / f"checkpoints/ci/{method}-s0/checkpoint-000004/trainable.safetensors")
             roots[method] = root
         return cache[method]

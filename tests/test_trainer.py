@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,13 +147,14 @@ def test_two_processes_update_like_one(ci_base, tmp_path):
     assert float(row[head.index("train/all_reduces")]) == 1  # one gradient all-reduce per optimizer step
 
 
-def test_jagg_export_turns_a_checkpoint_into_a_transformer_folder(uninterrupted):
+def test_jagg_export_turns_a_checkpoint_into_a_transformer_folder(uninterrupted, tmp_path):
     """`jagg export` on a trained ci run: the checkpoint at step 2 becomes exports/ci/jagg-s0-step2/transformer/, which
     diffusers loads with exactly the checkpoint's weights; a missing run or step is one sentence."""
     from diffusers import FluxTransformer2DModel
 
     uninterrupted("jagg")
-    root = uninterrupted.roots["jagg"]
+    root = tmp_path / "project"  # the reference run's folder is shared by the suite's workers: export in a copy
+    shutil.copytree(uninterrupted.roots["jagg"], root)
     out = run_module("tasks.export", "--profile", "ci", "--run", "jagg-s0", "--step", "2", root=root)
     assert out.returncode == 0, out.stderr[-2000:]
     folder = root / "exports/ci/jagg-s0-step2"
