@@ -27,7 +27,13 @@ from jagg_core.pipeline.mlflow_store import resolve_uri
 __all__ = ["SENTINELS", "DispatchError", "check_shared", "remove_sentinel", "where", "write_sentinel"]
 
 SENTINELS = ".jagg-dispatch"  # the project folder's sentinels of running sweeps (git-ignored)
-TOKEN_TAG = "jagg.dispatch_token"  # the same token on the sweep's MLflow parent run
+# The same token on the sweep's MLflow parent run, under a tag of its own per start of the sweep: two sweeps started
+# under one name (one parent run) each keep theirs, instead of the second one's overwriting the first's.
+TOKEN_TAG = "jagg.dispatch_token"
+
+
+def _token_tag(token: str) -> str:
+    return f"{TOKEN_TAG}.{token[:8]}"
 
 
 class DispatchError(UserError, RuntimeError):
@@ -48,7 +54,7 @@ def write_sentinel(params: Params, root: Path, sweep: str) -> dict[str, str]:
     rel = f"{SENTINELS}/{sweep}-{token[:8]}.token"
     atomic_write_text(root / rel, token + "\n")
     try:
-        tracker.set_tags(sweep_run, {TOKEN_TAG: token})
+        tracker.set_tags(sweep_run, {_token_tag(token): token})
     except BaseException:
         (root / rel).unlink(missing_ok=True)  # no token file outlives a sweep that never started
         raise
@@ -79,16 +85,17 @@ def check_shared(params: Params, root: Path, sweep: str, shared: dict[str, Any])
             f"{who} does not see the sweep's project folder ({shared['root']} on {shared['host']}): its {root} holds "
             f"no {shared['file']} with the sweep's token; put the project on a filesystem every worker mounts and "
             f"start each worker with JAGG_ROOT set to it (docs/scaling.md).")
-    tag = _sweep_token(params, root, sweep, who)
-    if tag != shared["token"]:
+    found = _sweep_token(params, root, sweep, who, _token_tag(shared["token"]))
+    if found != shared["token"]:
+        seen = f"no sweep {sweep!r}" if found is None else f"sweep {sweep!r} without this start's token"
         raise DispatchError(
-            f"{who} does not see the sweep's MLflow store: at {redact(params.tracking.mlflow_uri)} it finds "
-            f"{'no sweep ' + repr(sweep) if tag is None else 'another token on sweep ' + repr(sweep)}; point "
-            f"tracking.mlflow_uri at a server every host reaches by the same address (docs/scaling.md).")
+            f"{who} does not see the sweep's MLflow store: at {redact(params.tracking.mlflow_uri)} it finds {seen}; "
+            f"point tracking.mlflow_uri at a server every host reaches by the same address (docs/scaling.md).")
 
 
-def _sweep_token(params: Params, root: Path, sweep: str, who: str) -> str | None:
-    """The token on ``sweep``'s parent run in the store this worker sees, read only (no experiment is created)."""
+def _sweep_token(params: Params, root: Path, sweep: str, who: str, tag: str) -> str | None:
+    """The token under ``tag`` on ``sweep``'s parent run in the store this worker sees ("" if the run is there
+    without it; None if there is no such run), read only (no experiment is created)."""
     from mlflow.tracking import MlflowClient
 
     uri = resolve_uri(params.tracking.mlflow_uri, root)
@@ -102,4 +109,4 @@ def _sweep_token(params: Params, root: Path, sweep: str, who: str) -> str | None
     except Exception as e:  # noqa: BLE001  (MLflow raises many types for an absent store)
         raise DispatchError(f"{who} cannot read the sweep's MLflow store at {redact(uri)} ({type(e).__name__}); "
                             f"point tracking.mlflow_uri at a server every host reaches (docs/scaling.md).") from None
-    return runs[0].data.tags.get(TOKEN_TAG) if runs else None
+    return runs[0].data.tags.get(tag, "") if runs else None

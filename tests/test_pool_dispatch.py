@@ -265,6 +265,29 @@ def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_
     assert [line.split("\t")[0] for line in curve.splitlines()[1:]] == ["1", "2", "3", "4"]  # every iteration once
 
 
+def test_two_starts_of_one_sweep_name_each_keep_their_token(tmp_path):
+    """Two sweeps started under one name share one MLflow parent run: each start's units still pass the check (the
+    second start overwrote the first's token, and the first's units were refused as if on another store); a token
+    the parent run never had is refused in one sentence."""
+    from conftest import REPO
+    from jagg_core.setup.params_io import load_params
+    from tasks.dispatch import DispatchError, check_shared, remove_sentinel, write_sentinel
+
+    params = load_params(REPO / "params.yaml", "ci")
+    first, second = (write_sentinel(params, tmp_path, "same") for _ in range(2))
+    for shared in (first, second):
+        check_shared(params, tmp_path, "same", shared)
+    remove_sentinel(tmp_path, first)  # the first sweep ended: its units are refused, the second's are not
+    with pytest.raises(DispatchError, match="does not see the sweep's project folder"):
+        check_shared(params, tmp_path, "same", first)
+    check_shared(params, tmp_path, "same", second)
+    forged = {**second, "token": "f" * 32, "file": second["file"].replace(".token", "-forged.token")}
+    (tmp_path / forged["file"]).write_text(forged["token"] + "\n")
+    with pytest.raises(DispatchError, match=r"it finds sweep 'same' without this start's token; point "
+                                            r"tracking\.mlflow_uri at a server"):
+        check_shared(params, tmp_path, "same", forged)
+
+
 # --- The sweep's bookkeeping, fast: run_on_pool against a scripted Prefect client (the scheduling logic alone; the
 # tests above run it against a real server and real workers).
 
