@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,10 +103,22 @@ def _submit(unit: _Unit, common: dict[str, Any]) -> str:
     else:
         name, params = EVALUATE_DEPLOYMENT, {"run": unit.run}
     params.update({k: common[k] for k in ("profile", "shared", "sweep", "overrides", "params_file")})
+    # The same submission sent twice (the client retrying a request the server had carried out) gives one flow run,
+    # not two trainings of one run on two workers; a submission again after a crash, or a retry of the sweep's own
+    # flow run, is another key.
+    key = f"{common['key']}/{unit.kind} {unit.run}/{unit.crashes}"
     fr = run_deployment(name, parameters=params, timeout=0, flow_run_name=f"{unit.kind} {unit.run}",
-                        tags=[f"sweep:{common['sweep']}"])
+                        tags=[f"sweep:{common['sweep']}"], idempotency_key=key)
     unit.flow_runs.append(str(fr.id))
     return str(fr.id)
+
+
+def _sweep_key() -> str:
+    """This start of the sweep: its flow run and how many times it ran (a retry from the Prefect UI is another)."""
+    ctx = FlowRunContext.get()
+    if ctx and ctx.flow_run:
+        return f"{ctx.flow_run.id}.{ctx.flow_run.run_count}"
+    return uuid.uuid4().hex
 
 
 def _worker(tags: list[str]) -> str:
@@ -147,7 +160,7 @@ def run_on_pool(params: Params, *, profile: str, parallel_runs: int, sweep: str,
     submitted_at: dict[str, float] = {}
     shared = write_sentinel(params, ROOT, sweep)
     common = {"profile": profile, "shared": shared, "sweep": sweep, "overrides": overrides,
-              "params_file": params_file, "restart": restart}
+              "params_file": params_file, "restart": restart, "key": _sweep_key()}
     try:
         with get_client(sync_client=True) as client:
             try:

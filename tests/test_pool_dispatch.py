@@ -298,12 +298,12 @@ class _FakePrefect:
     def __init__(self, outcome):
         self.outcome, self.runs, self.cancelled, self.removed = outcome, {}, [], []
 
-    def run_deployment(self, name, *, parameters, timeout, flow_run_name, tags):
+    def run_deployment(self, name, *, parameters, timeout, flow_run_name, tags, idempotency_key):
         import uuid
         from types import SimpleNamespace
 
         fid = uuid.uuid4()
-        self.runs[str(fid)] = {"unit": flow_run_name, "polls": 0}
+        self.runs[str(fid)] = {"unit": flow_run_name, "polls": 0, "key": idempotency_key}
         return SimpleNamespace(id=fid)
 
     def __enter__(self):
@@ -377,6 +377,10 @@ def test_a_sweep_whose_units_complete_evaluates_each_training_and_cancels_nothin
         ("evaluate", "base"), ("train", "jagg-s0"), ("evaluate", "jagg-s0"), ("train", "baseline-s0"),
         ("evaluate", "baseline-s0")]
     assert fake.cancelled == [] and fake.removed == ["t"]
+    keys = [r["key"] for r in fake.runs.values()]  # one idempotency key per submission, of this start of the sweep
+    sweep_key = keys[0].split("/")[0]
+    assert keys == [f"{sweep_key}/{u}/0" for u in ("evaluate base", "train jagg-s0", "evaluate jagg-s0",
+                                                   "train baseline-s0", "evaluate baseline-s0")]
 
 
 def test_a_unit_crashed_too_often_or_gone_from_the_server_fails_the_sweep(monkeypatch):
@@ -390,7 +394,8 @@ def test_a_unit_crashed_too_often_or_gone_from_the_server_fails_the_sweep(monkey
                                         r"stopped and cancelled the units still in flight \(train jagg-s0, train "
                                         r"baseline-s0\)"):
         sweep()  # an evaluation is submitted again once, then its second crash ends the sweep
-    assert sum(r["unit"] == "evaluate base" for r in fake.runs.values()) == 2
+    again = [r["key"] for r in fake.runs.values() if r["unit"] == "evaluate base"]
+    assert [k.split("/", 1)[1] for k in again] == ["evaluate base/0", "evaluate base/1"]  # another key: a new run
 
     fake, sweep = _pool_sweep(monkeypatch, lambda unit, polls: None if unit == "train jagg-s0" else Running())
     with pytest.raises(PoolError, match=r"^train jagg-s0: its flow run [0-9a-f-]+ is gone from the Prefect server "
