@@ -34,6 +34,7 @@ BIN = Path(sys.executable).parent
 HEARTBEAT_S = 30
 CRASH_AFTER_S = 90
 AUTOMATION = "jagg: a flow run without heartbeats is crashed"
+WORKER_START_S = 120  # a worker's first heartbeat: its imports take ~10 s on a slow 2-core host
 
 
 def _env(api_url: str | None = None) -> dict[str, str]:
@@ -97,6 +98,35 @@ def _wait_http(url: str, timeout: float, what: str) -> None:
         except OSError:
             time.sleep(0.5)
     raise ServiceError(f"{what} did not answer at {url} within {timeout:.0f} s; see {STATE}/*.log.")
+
+
+def _heartbeat(api: str, pool: str, name: str) -> str | None:
+    """The last heartbeat the Prefect server holds of worker ``name`` of ``pool``; None if it never saw one."""
+    import urllib.error
+    import urllib.parse
+
+    try:
+        workers = _api(api, f"work_pools/{urllib.parse.quote(pool)}/workers/filter", {})
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # no such pool yet: a worker creates its pool as it starts
+            return None
+        raise
+    return next((w.get("last_heartbeat_time") for w in workers if w.get("name") == name), None)
+
+
+def _wait_worker(api: str, pool: str, name: str, pid: int, log: str, before: str | None) -> None:
+    """Return once the worker started as ``pid`` has reported to the server (a heartbeat newer than ``before``, the
+    last one of a worker of that name before it started); one sentence if it exits or stays silent."""
+    deadline = time.time() + WORKER_START_S
+    while time.time() < deadline:
+        if not _alive(pid):
+            raise ServiceError(f"worker {name!r} of pool {pool!r} exited as it started; see {STATE / log}.")
+        beat = _heartbeat(api, pool, name)
+        if beat is not None and beat != before:
+            return
+        time.sleep(1)
+    raise ServiceError(f"worker {name!r} did not report to the Prefect server at {api} within {WORKER_START_S:.0f} "
+                       f"s; see {STATE / log}.")
 
 
 def deployments(api: str) -> list[str]:
@@ -241,8 +271,10 @@ def worker(api: str, pool: str, name: str | None, queues: list[str] | None = Non
     key = f"worker-{name}"
     if key in pids and _alive(pids[key]):
         raise ServiceError(f"worker {name!r} already runs here (pid {pids[key]}); give another --name.")
+    before = _heartbeat(api, pool, name)
     pids[key] = _spawn(key, _worker_cmd(pool, name, queues, limit), _env(api))
     _write_pids(pids, _host_file())
+    _wait_worker(api, pool, name, pids[key], f"{key}.log", before)
     return name
 
 
@@ -259,8 +291,11 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     crash_automation(api, crash_after)
+    before = _heartbeat(api, pool, worker_name) if worker_name else None
     pids["worker"] = _spawn("prefect-worker", _worker_cmd(pool, worker_name, queues, limit), env)
     _write_pids(pids)
+    if worker_name:  # (a worker Prefect names itself is checked by the deployment runs it takes)
+        _wait_worker(api, pool, worker_name, pids["worker"], "prefect-worker.log", before)
     urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
     if mlflow_port:
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)

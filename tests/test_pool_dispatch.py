@@ -428,3 +428,34 @@ def test_services_down_on_a_worker_host_leaves_the_heads_services_and_their_reco
     finally:
         head.kill()
         head.wait()
+
+
+def test_a_worker_that_exits_or_stays_silent_as_it_starts_is_one_sentence(tmp_path, monkeypatch):
+    """`jagg services worker` returns once its worker has reported to the server (a heartbeat newer than the last one
+    of a worker of that name); a worker process that exits at once, or never reports, is one sentence naming its
+    log, where it used to be said started."""
+    import subprocess
+    import sys
+
+    import tasks.services as services
+
+    monkeypatch.setattr(services, "STATE", tmp_path)
+    beats = iter([None, None, "2026-12-04T20:00:00Z"])
+    monkeypatch.setattr(services, "_heartbeat", lambda api, pool, name: next(beats))
+    monkeypatch.setattr(services.time, "sleep", lambda s: None)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        services._wait_worker("http://api", "jagg", "host-a", alive.pid, "worker-host-a.log", None)  # third poll
+        monkeypatch.setattr(services, "_heartbeat", lambda api, pool, name: "2026-12-04T19:00:00Z")  # an old one
+        monkeypatch.setattr(services, "WORKER_START_S", 0.5)
+        with pytest.raises(services.ServiceError, match=r"^worker 'host-a' did not report to the Prefect server at "
+                                                          r"http://api within 0 s; see .*worker-host-a\.log\.$"):
+            services._wait_worker("http://api", "jagg", "host-a", alive.pid, "worker-host-a.log",
+                                  "2026-12-04T19:00:00Z")
+    finally:
+        alive.kill()
+        alive.wait()
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    dead.wait()
+    with pytest.raises(services.ServiceError, match=r"^worker 'host-a' of pool 'jagg' exited as it started; see "):
+        services._wait_worker("http://api", "jagg", "host-a", dead.pid, "worker-host-a.log", None)
