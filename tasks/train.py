@@ -166,7 +166,8 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
     On a run that spans several machines, ``machine`` (default: from the environment) says which one this is: rank 0
     keeps the MLflow run; the others only take their share of the training. ``take_over``: the run's MLflow run may
-    be left RUNNING by a process of another host that crashed (a pool-dispatched unit resubmitted): take it.
+    be left RUNNING by a process of another host that crashed (a pool-dispatched unit resubmitted): take it once
+    that owner has missed two heartbeats.
     """
     # loads torch: imported when the stage runs, so --help and a refused input answer without it
     from jagg_core.build import check_model_files
@@ -184,9 +185,10 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     tracker = Tracker(params, lay.root)  # fails here, before any training, if the store is unreachable
     mlflow_run = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=orchestration_tags())
     # Another live process trains it: this one neither trains nor ends its run. An owner that cannot be checked from
-    # here (another host's) is taken over once its heartbeat is stale, or at once with --restart or ``take_over`` (a
-    # pool-dispatched unit submitted again after Prefect saw its flow run crash: flows/pool.py).
-    if not tracker.claim(mlflow_run, take_over=restart or take_over):
+    # here (another host's) is taken over once its heartbeat is stale, at once with --restart, and after two missed
+    # heartbeats with ``take_over`` (a pool-dispatched unit submitted again after Prefect saw its flow run crash:
+    # flows/pool.py).
+    if not tracker.claim(mlflow_run, take_over=restart, crashed=take_over):
         raise LockedError(tracker.held_sentence(run, mlflow_run))
     # From here on, whatever ends the command (SIGTERM in the next half second, an error) ends the run as well.
     with tracker.ending(mlflow_run), tracker.heartbeat(mlflow_run):

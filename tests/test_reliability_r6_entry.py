@@ -78,6 +78,47 @@ def test_m5_restart_takes_over_a_run_whose_owner_cannot_be_checked(ci_project, m
     assert run.data.tags[OWNER_TAG] == owner_id() and run.info.status == "FAILED"  # ours, ended by the injected error
 
 
+def test_m5_a_crashed_units_run_is_taken_over_after_two_missed_heartbeats_not_at_once(ci_project, monkeypatch, caplog):
+    """A pool-dispatched training submitted again after Prefect saw its flow run crash (`take_over`) took the MLflow
+    run over at once, even from an owner on a host cut off from Prefect but not from MLflow, still training. Now it
+    waits until the owner has missed two heartbeats: a beat meanwhile keeps the run its owner's (refused, one
+    sentence); none, and it takes the run over with one warning."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    import jagg_core.pipeline.tracking as tracking
+    from jagg_core.pipeline.tracking import CRASHED_OWNER_STALE_SECONDS, OWNER_TAG, owner_id
+    from jagg_core.setup.storage import LockedError
+    from tasks.train import train_run
+
+    tracker, params, lay, run_id = _held_run(ci_project, ANOTHER_HOST, heartbeat_age=30)
+    clock = SimpleNamespace(now=time.time(), slept=[], beat=None)
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        clock.slept.append(seconds)
+        if clock.beat is not None and len(clock.slept) == clock.beat:  # the owner beats while the unit waits
+            tracker.set_tags(run_id, {"jagg.heartbeat": f"{clock.now:.0f}"})
+
+    monkeypatch.setattr(tracking, "time", SimpleNamespace(time=lambda: clock.now, sleep=sleep))
+    clock.beat = 2
+    with pytest.raises(LockedError, match="a-container-that-restarted:4242"):
+        train_run(params, lay, "jagg", 0, take_over=True)
+    assert len(clock.slept) == 2 and tracker.client.get_run(run_id).data.tags[OWNER_TAG] == ANOTHER_HOST
+    clock.beat, clock.slept = None, []
+    started = clock.now
+    monkeypatch.setenv("JAGG_FAULT", "run_created@0:oserror")  # stop right after the claim: no worker starts
+    with caplog.at_level(logging.WARNING), pytest.raises(OSError, match="injected"):
+        train_run(params, lay, "jagg", 0, take_over=True)
+    last_beat = float(tracker.client.get_run(run_id).data.tags["jagg.heartbeat"])
+    assert clock.now - started >= CRASHED_OWNER_STALE_SECONDS - 30 and len(clock.slept) >= 2  # it waited, then took it
+    said = [r.getMessage() for r in caplog.records if "a-container-that-restarted:4242" in r.getMessage()]
+    assert len(said) == 1 and "whose flow run crashed" in said[0] and "taking it over" in said[0], said
+    run = tracker.client.get_run(run_id)
+    assert run.data.tags[OWNER_TAG] == owner_id() and run.info.status == "FAILED" and last_beat >= started
+
+
 def test_m5_an_owner_without_a_heartbeat_for_the_bound_is_stale(ci_project, monkeypatch, caplog):
     """Another host's owner that has not renewed its heartbeat for longer than OWNER_STALE_SECONDS (10 min; here an
     hour) is gone: `jagg train` (without --restart) marks its run KILLED and takes the run over, with one warning

@@ -66,6 +66,10 @@ OWNER_TAG = "jagg.owner"
 HEARTBEAT_TAG = "jagg.heartbeat"
 HEARTBEAT_SECONDS = 60.0
 OWNER_STALE_SECONDS = 600.0
+# A run whose orchestrator says its process died (a pool-dispatched unit Prefect marked CRASHED: flows/pool.py) is
+# taken over once its owner has missed two heartbeats, not at once: a host cut off from the Prefect server but not
+# from MLflow still trains, and its beats keep its run.
+CRASHED_OWNER_STALE_SECONDS = 2 * HEARTBEAT_SECONDS + 15.0
 
 
 def owner_id(pid: int | None = None) -> str:
@@ -280,12 +284,14 @@ class Tracker:
         owner = self._call(lambda: self.client.get_run(run_id), "read a run").data.tags.get(OWNER_TAG)
         return owner is None or owner == owner_id()
 
-    def claim(self, run_id: str, *, take_over: bool = False) -> bool:
+    def claim(self, run_id: str, *, take_over: bool = False, crashed: bool = False) -> bool:
         """Make this process the owner of ``run_id`` (RUNNING, tagged with this process) unless another live process
         runs it; returns whether it did. A run whose owner is gone (:func:`owner_gone`: its process ended, or it
         cannot be checked from here and its heartbeat is stale) is taken over; with ``take_over`` (``--restart``), so
-        is one whose owner cannot be checked at all. A live process of this machine keeps its run. Taking a run over
-        from an owner that was not seen to end is said in one warning naming it."""
+        is one whose owner cannot be checked at all; with ``crashed`` (its orchestrator saw its process die), one
+        whose owner cannot be checked and misses two heartbeats (waiting for that; a beat meanwhile keeps it its
+        owner's). A live process of this machine keeps its run. Taking a run over from an owner that was not seen to
+        end is said in one warning naming it."""
         from mlflow.entities import RunStatus
 
         run = self._call(lambda: self.client.get_run(run_id), "read a run")
@@ -301,13 +307,29 @@ class Tracker:
                 elif take_over:
                     log.warning("MLflow run %s was RUNNING under %s, which this machine cannot check (another host's, "
                                 "or a tag it cannot read); --restart takes it over.", run_id, _shown_owner(owner))
-                else:
+                elif not crashed or not self._missed_two_beats(run_id, run):
                     return False
             elif alive:
                 return False
         self.set_tags(run_id, {OWNER_TAG: owner_id(), HEARTBEAT_TAG: f"{time.time():.0f}"})
         if run.info.status != "RUNNING":
             self._call(lambda: self.client.update_run(run_id, RunStatus.to_string(RunStatus.RUNNING)), "reopen a run")
+        return True
+
+    def _missed_two_beats(self, run_id: str, run: Any) -> bool:
+        """Wait until the owner of ``run_id`` (RUNNING under a process this machine cannot check) has given no sign of
+        life for :data:`CRASHED_OWNER_STALE_SECONDS`; False as soon as it beats again (it lives, on another host)."""
+        last = _last_sign_of_life(run)
+        while (age := time.time() - last) <= CRASHED_OWNER_STALE_SECONDS:
+            log.info("MLflow run %s: waiting %.0f s for its owner %s, whose flow run crashed, to miss a second "
+                     "heartbeat before taking it over", run_id, CRASHED_OWNER_STALE_SECONDS - age,
+                     _shown_owner(run.data.tags.get(OWNER_TAG)))
+            time.sleep(min(15.0, CRASHED_OWNER_STALE_SECONDS - age + 1.0))
+            run = self._call(lambda: self.client.get_run(run_id), "read a run")
+            if _last_sign_of_life(run) != last or run.info.status != "RUNNING":
+                return False
+        log.warning("MLflow run %s was RUNNING under %s, whose flow run crashed and which has given no sign of life "
+                    "for %.0f s; taking it over.", run_id, _shown_owner(run.data.tags.get(OWNER_TAG)), age)
         return True
 
     def owner_of(self, run_id: str) -> str:
