@@ -43,6 +43,9 @@ EVALUATE_DEPLOYMENT = "jagg-evaluate-run/pool"
 RESUBMITS = {"train": 2, "evaluate": 1}
 POLL_S = 2.0
 UNTAKEN_S = 120.0  # a unit no worker has taken for this long: said once in the sweep's log
+# A unit a worker took (PENDING) but whose process never started — the worker died in between; Prefect's heartbeat
+# automation only sees processes that started — is marked CRASHED after this long, and submitted again as a crash is.
+PENDING_S = 600.0
 
 
 class PoolError(UserError, RuntimeError):
@@ -178,9 +181,19 @@ def run_on_pool(params: Params, *, profile: str, parallel_runs: int, sweep: str,
     return done
 
 
+def _crash(client: Any, fid: str, message: str) -> Any:
+    """Mark flow run ``fid`` CRASHED with ``message`` (its worker will never run it); returns that state."""
+    from prefect.states import Crashed
+
+    state = Crashed(message=message)
+    client.set_flow_run_state(fid, state, force=True)
+    return state
+
+
 def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done: list[dict],
            submitted_at: dict[str, float], common: dict[str, Any], parallel_runs: int) -> None:
     """Keep ``parallel_runs`` units in flight until every unit has completed; a unit that FAILED raises."""
+    since: dict[str, tuple[str, float]] = {}  # flow run -> (its state's type, when this sweep first saw it)
     while pending or in_flight:
         while pending and len(in_flight) < parallel_runs:
             unit = pending.pop(0)
@@ -196,7 +209,12 @@ def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done:
             raise PoolError(f"{unit.kind} {unit.run}: its flow run {gone[0]} is gone from the Prefect server "
                             f"(deleted?).")
         for fr in flow_runs:
-            fid, unit, state = str(fr.id), in_flight[str(fr.id)], fr.state
+            fid, unit, state, worker = str(fr.id), in_flight[str(fr.id)], fr.state, _worker(fr.tags)
+            if state is not None and (since.get(fid) or ("",))[0] != state.type:
+                since[fid] = (state.type, time.monotonic())
+            if state is not None and state.is_pending() and time.monotonic() - since[fid][1] > PENDING_S:
+                state = _crash(client, fid, f"taken by worker {worker!r} but not started in {PENDING_S:.0f} s: the "
+                                            f"worker died before it started")
             if state is None or not state.is_final():
                 if state is not None and state.is_scheduled() and time.monotonic() - submitted_at[fid] > UNTAKEN_S:
                     print(f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; start "
@@ -204,7 +222,6 @@ def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done:
                     submitted_at[fid] = time.monotonic()  # said again every UNTAKEN_S while it waits
                 continue
             del in_flight[fid]
-            worker = _worker(fr.tags)
             if state.is_completed():
                 print(f"{unit.kind} {unit.run} completed on worker {worker!r}")
                 done.append({"kind": unit.kind, "run": unit.run, "worker": worker, "flow_runs": unit.flow_runs})

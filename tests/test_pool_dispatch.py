@@ -296,7 +296,7 @@ class _FakePrefect:
     the flow run of ``unit`` ("train jagg-s0") at its ``polls``-th poll, None for "gone"."""
 
     def __init__(self, outcome):
-        self.outcome, self.runs, self.cancelled, self.removed = outcome, {}, [], []
+        self.outcome, self.runs, self.cancelled, self.removed, self.crashed = outcome, {}, [], [], []
 
     def run_deployment(self, name, *, parameters, timeout, flow_run_name, tags, idempotency_key):
         import uuid
@@ -325,8 +325,11 @@ class _FakePrefect:
         return out
 
     def set_flow_run_state(self, fid, state, force):
-        assert force and state.name == "Cancelling"
-        self.cancelled.append(self.runs[str(fid)]["unit"])
+        assert force and state.name in ("Cancelling", "Crashed")
+        if state.name == "Cancelling":
+            self.cancelled.append(self.runs[str(fid)]["unit"])
+        else:
+            self.crashed.append(self.runs[str(fid)]["unit"])
 
 
 def _pool_sweep(monkeypatch, outcome, parallel_runs=3):
@@ -402,6 +405,24 @@ def test_a_unit_crashed_too_often_or_gone_from_the_server_fails_the_sweep(monkey
                                         r"\(deleted\?\); the sweep stopped and cancelled"):
         sweep()
     assert sorted(fake.cancelled) == ["evaluate base", "train baseline-s0"]
+
+
+def test_a_unit_taken_but_never_started_is_crashed_after_a_while_and_submitted_again(monkeypatch):
+    """A unit that stays PENDING (a worker took it, then died before its process started: no heartbeat ever comes,
+    so Prefect's automation never marks it) waited for ever; after PENDING_S the sweep marks it CRASHED and submits
+    it again, as a crash."""
+    import flows.pool as pool
+    from prefect.states import Pending, Running
+
+    from flows.pool import PoolError
+
+    monkeypatch.setattr(pool, "PENDING_S", 0.0)
+    fake, sweep = _pool_sweep(monkeypatch, lambda unit, polls: Pending() if unit == "evaluate base" else Running())
+    with pytest.raises(PoolError, match=r"^evaluate base ended Crashed on worker 'w1' \(flow run [0-9a-f-]+\): taken "
+                                        r"by worker 'w1' but not started in 0 s: the worker died before it started; "
+                                        r"the sweep stopped"):
+        sweep()
+    assert fake.crashed == ["evaluate base", "evaluate base"]  # crashed, submitted again once, crashed again
 
 
 def test_services_down_on_a_worker_host_leaves_the_heads_services_and_their_record(tmp_path, monkeypatch, capsys):
