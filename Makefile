@@ -21,8 +21,9 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
+# Two training runs at a time, one torch thread each (the toy profile's resources.num_threads).
 run: setup
-	$(BIN)/jagg run --profile toy
+	$(BIN)/jagg run --profile toy --parallel-runs 2
 
 # The suite runs in $(TEST_WORKERS) worker processes (pytest-xdist), each test file in one worker (its module
 # fixtures built once), torch single-threaded in each; one worker more than the machine has cores, since the
