@@ -97,11 +97,13 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
             gain_prompts = [_f(x) for x in (f["intervals"][prim].get("gain_prompts") or [None, None])]
         except (KeyError, TypeError):
             raise PageError(f"the summary's final row of {m} has no gain interval of {prim}; {fix}.") from None
+        checks = {k: _nums(v.get("gain_seeds")) for k, v in f["intervals"].items()
+                  if k != prim and isinstance(v, dict) and isinstance(v.get("gain_seeds"), dict)}
         sp = speed.get(m, {})
         sr = side_rows.get(m)
         row = {"method": m, "mode": sp.get("mode", "?"), "window": sp.get("window"), "anchors": sp.get("anchors"),
                "reuse": bool(side_methods.get(m, {}).get("reuse", False)), "seeds": f.get("seeds", 0),
-               "gain": gain, "gain_prompts": gain_prompts}
+               "gain": gain, "gain_prompts": gain_prompts, "checks": checks}
         if sr:
             row.update(ideal=_f(sr.get("ideal")), measured=_f(sr.get("speedup")), speed_source="side by side")
         else:
@@ -118,6 +120,7 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
             c = _nums(cos_methods[m]["cos"])
             hi = min(c["hi"], 1.0) if not math.isnan(c["hi"]) else c["hi"]  # a cosine is at most 1
             row["cos"] = f"{c['mean']:.3f} {_iv(c['lo'], hi, 3).replace('+', '')} ({cos_methods[m]['units']} rollouts)"
+            row["cos_mean"] = c["mean"]
         else:
             row["cos"] = "not measured"
         out.append(row)
@@ -162,9 +165,11 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
 
 
 def table(rows: list[dict[str, Any]], prim: str) -> str:
+    checks = sorted({k for r in rows for k in r.get("checks", {})})  # the scores not trained on: the hacking check
     head = ("| method | W | K | reuse | ideal speedup | measured speedup | gain: mean [seeds' 95%] [prompts' 95%] | "
-            "gain − baseline (paired): mean [seeds' 95%] [prompts' 95%] | verdict at the margin | cos(method, exact) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|")
+            "gain − baseline (paired): mean [seeds' 95%] [prompts' 95%] | verdict at the margin | cos(method, exact) |"
+            + "".join(f" `{k}` change (not trained on): mean [seeds' 95%] |" for k in checks) + "\n"
+            + "|---" * (10 + len(checks)) + "|")
     lines = [head]
     for r in rows:
         g, gp, p = r["gain"], r["gain_prompts"], r["paired"]
@@ -174,28 +179,115 @@ def table(rows: list[dict[str, Any]], prim: str) -> str:
             f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
             f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
             f"{r['measured']:.2f}× | {g['mean']:+.4f} {_iv(g.get('lo', float('nan')), g.get('hi', float('nan')))} "
-            f"{_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |")
+            f"{_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |"
+            + "".join(_check(r.get("checks", {}).get(k)) for k in checks))
     return "\n".join(lines)
 
 
+def _cos_mean(r: dict[str, Any]) -> float:
+    return r.get("cos_mean", float("nan"))
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    """Average ranks (ties share theirs), for Spearman's correlation."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
+    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return num / den if den else float("nan")
+
+
+def _order(rs: list[dict[str, Any]], key) -> str:
+    """Methods from low to high by key, ties joined by '='."""
+    out: list[list[dict[str, Any]]] = []
+    for r in sorted(rs, key=lambda r: (key(r), r["method"])):
+        if out and key(out[-1][0]) == key(r):
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return " < ".join(" = ".join(r["method"] for r in tie) for tie in out)
+
+
+def _check(c: dict[str, Any] | None) -> str:
+    return " – |" if not c else f" {c['mean']:+.4f} {_iv(c.get('lo', float('nan')), c.get('hi', float('nan')))} |"
+
+
 def advice(rows: list[dict[str, Any]], margin: float) -> str:
-    """What the measurements say to a user choosing W, K and reuse: read from the rows, nothing beyond them."""
-    others = [r for r in rows if r["method"] != "baseline"]
+    """What the measurements say to a user choosing W, K and reuse: read from the rows, nothing beyond them.
+
+    Each method is placed by its paired interval with the baseline against two lines, 0 and −margin: held at the
+    margin (all of it above −margin), shown to lose more than the margin (all of it below), shown to learn less but
+    not placed against the margin (all of it below 0, reaching above −margin), or no difference shown (it covers 0)."""
+    others = [r for r in rows if r["method"] != "baseline" and r["paired"]]
     held = sorted((r for r in others if r["verdict"] == "non-inferior"), key=lambda r: -r["measured"])
     lost = [r for r in others if r["verdict"] == "inferior"]
-    open_ = [r for r in others if r["verdict"] not in ("non-inferior", "inferior")]
+    rest = [r for r in others if r["verdict"] not in ("non-inferior", "inferior")]
+    less = [r for r in rest if r["paired"]["hi"] < 0]
+    open_ = [r for r in rest if not r["paired"]["hi"] < 0]
+
+    def named(rs: list[dict[str, Any]]) -> str:
+        return ", ".join(f"{r['method']} ({r['measured']:.2f}×, {r['paired']['mean']:+.4f} "
+                         f"{_iv(r['paired']['lo'], r['paired']['hi'])})" for r in rs)
+
     say = []
+    if others and all(r["paired"]["mean"] < 0 for r in others):
+        say.append(f"- **On average every method learned less than the exact baseline** over this {rows[0]['window']}"
+                   f"-step window; how much less is below, method by method.")
     if held:
         best = held[0]
-        say.append(f"- **Held at the {margin:g} margin:** {', '.join(r['method'] for r in held)}; the fastest of them "
-                   f"is {best['method']} ({best['measured']:.2f}× the exact update, {best['ideal']:.2f}× ideal).")
+        say.append(f"- **Held at the {margin:g} margin:** {named(held)}; the fastest of them is {best['method']} "
+                   f"({best['measured']:.2f}× the exact update, {best['ideal']:.2f}× ideal).")
     if lost:
-        say.append(f"- **Shown to learn less than the exact baseline by more than {margin:g}:** "
-                   f"{', '.join(r['method'] for r in lost)}.")
+        say.append(f"- **Shown to learn less than the exact baseline by more than {margin:g}:** {named(lost)}.")
+    if less:
+        say.append(f"- **Shown to learn less than the exact baseline** (the paired interval lies below 0), by an amount "
+                   f"{_seeds({r['method']: r['seeds'] for r in less})} cannot place against the {margin:g} margin: "
+                   f"{named(less)}.")
     if open_:
-        say.append(f"- **Not decided at this sample size** (the paired interval reaches across −{margin:g}): "
-                   f"{', '.join(r['method'] for r in open_)}.")
-    return "\n".join(say) if say else "- No method other than the baseline was evaluated."
+        say.append(f"- **No loss shown, none ruled out** (the paired interval covers 0 and reaches below "
+                   f"−{margin:g}): {named(open_)}.")
+    if not say:
+        return "- No method other than the baseline was evaluated."
+    # Does the cosine order the methods as the learning does? (The question a user with no toy can ask of their model.)
+    with_cos = [r for r in others if not math.isnan(_cos_mean(r))]
+    if len(with_cos) >= 3:
+        rho = _spearman([_cos_mean(r) for r in with_cos], [r["gain"]["mean"] for r in with_cos])
+        by_cos, by_gain = _order(with_cos, _cos_mean), _order(with_cos, lambda r: r["gain"]["mean"])
+        same = by_cos == by_gain
+        say.append(f"- **The cosine orders the methods {'as' if same else 'roughly as' if rho > 0.7 else 'not as'} "
+                   f"the test gain does** (Spearman {rho:.2f} over {len(with_cos)} methods): by cosine {by_cos}"
+                   f"{'; by gain the same' if same else f'; by gain {by_gain}'}. Each row's gain is over its seeds "
+                   f"and its cosine over (model, rollout) units, so the order of two neighbours is not itself shown (their intervals overlap).")
+        clear = [r for r in with_cos if r["paired"]["lo"] <= 0 <= r["paired"]["hi"] or r["verdict"] == "non-inferior"]
+        shown = [r for r in with_cos if r not in clear]
+        if clear and shown:
+            say.append(f"- **Where it stopped holding, by cosine:** every method with a cosine of "
+                       f"{max(_cos_mean(r) for r in shown):.3f} or less was shown to learn less than the baseline; "
+                       f"{', '.join(r['method'] for r in clear)} (cosine "
+                       f"{', '.join(f'{_cos_mean(r):.3f}' for r in clear)}) was not. One toy, one window: a reading "
+                       f"of where this model's line lies, not a threshold for yours.")
+    jr = {r["method"]: r for r in others}
+    for r in others:
+        twin = jr.get(r["method"].replace("-reuse", "")) if r["reuse"] else None
+        if twin is not None and twin is not r and r["gain"]["mean"] == twin["gain"]["mean"]:
+            say.append(f"- **Reuse costs no learning here:** {r['method']} learned what {twin['method']} learned, to "
+                       f"the last digit (the same gradient: one optimizer step per rollout, see below), at "
+                       f"{r['measured']:.2f}× the exact update instead of {twin['measured']:.2f}×.")
+    return "\n".join(say)
 
 
 CARRY_OVER = """\
@@ -213,12 +305,31 @@ CARRY_OVER = """\
 - *Reuse.* It is free of error here because every iteration takes one optimizer step, so the rollout's velocities
   are the updated policy's. A recipe with several optimizer steps per rollout (`train.optimizer_steps_per_epoch`,
   `train.inner_epochs`, e.g. the qwenimage-dance profile) reuses stale velocities after the first step.
-- *The margin.* 0.01 `toy_fidelity` is about a quarter of the toy baseline's gain; a real run's reward has its own
-  scale and its own noise between seeds. A method held at this margin on the toy is a candidate, not a result, on a
-  real backbone.
+- *The margin.* {margin_share}; a real run's reward has its own scale and its own noise between seeds. A method held
+  at this margin on the toy is a candidate, not a result, on a real backbone.
 - *Memory.* K anchors keep K graphs alive at once in the joint variant; on a real backbone that is the limit the toy
   never meets (`jagg.variant: sequential` keeps one).
 """
+
+
+def checks_note(rows: list[dict[str, Any]]) -> str:
+    """A sentence on the scores not trained on (the hacking check), read from the rows."""
+    ks = sorted({k for r in rows for k in r.get("checks", {})})
+    out = []
+    for k in ks:
+        means = [(r["checks"][k]["mean"], r["method"]) for r in rows if k in r.get("checks", {})]
+        (lo, lo_m), (hi, hi_m) = min(means), max(means)
+        out.append(f" `{k}`, not trained on, is the hacking check (docs/results.md): its change over the base runs "
+                   f"from {lo:+.4f} ({lo_m}) to {hi:+.4f} ({hi_m}).")
+    return "".join(out)
+
+
+def margin_share(rows: list[dict[str, Any]], margin: float, prim: str) -> str:
+    base = next((r for r in rows if r["method"] == "baseline"), None)
+    g = base["gain"]["mean"] if base else float("nan")
+    if not g > 0:
+        return f"{margin:g} `{prim}` is the toy's margin"
+    return f"{margin:g} `{prim}` is {100 * margin / g:.0f}% of the toy baseline's gain here ({g:+.4f})"
 
 
 def page(s: dict[str, Any], rows: list[dict[str, Any]], cos: dict[str, Any] | None, pilot: str, args) -> str:
@@ -269,7 +380,7 @@ timed in interleaved rounds on one machine state, medians); the y axis the test 
 summed cost, so two groups of 4 are 1.5×, K anchors 3W/(W + 2K), reuse W/K. "Verdict": the method against the exact
 baseline at a non-inferiority margin of {NONINFERIORITY_MARGIN:g} `{prim}` (jagg_core/pipeline/report_stats.py),
 from the paired seeds' interval: *non-inferior* when all of it lies above −{NONINFERIORITY_MARGIN:g}, *inferior* when
-all of it lies below, *not shown* otherwise. {cos_note}
+all of it lies below, *not shown* otherwise. {cos_note}{checks_note(rows)}
 
 **The report's verdict sentence** (JAGG and the ablation at W = 8): {s.get('verdict') or '–'}
 
@@ -277,7 +388,7 @@ all of it lies below, *not shown* otherwise. {cos_note}
 
 {advice(rows, NONINFERIORITY_MARGIN)}
 
-{CARRY_OVER}
+{CARRY_OVER.replace("{margin_share}", margin_share(rows, NONINFERIORITY_MARGIN, prim))}
 ## How the recipe was chosen
 
 {pilot.strip()}

@@ -214,3 +214,50 @@ def test_the_reports_fidelity_curve_pools_one_estimator(toy_w):
     fid = fidelity_by_position(runs, toy_w)
     assert set(fid["jagg"]) == {0} and fid["jagg"][0][0] == pytest.approx(0.7) and fid["jagg"][0][2] == 2
     assert fid["ablate"][0][0] == pytest.approx(0.5)
+
+
+def _page_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("frontier_page", REPO / "scripts" / "frontier_page.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(method, paired, verdict, cos, gain, measured=1.5, reuse=False):
+    lo, hi = paired
+    return {"method": method, "window": 8, "seeds": 10, "reuse": reuse, "measured": measured, "ideal": 2.0,
+            "paired": {"mean": (lo + hi) / 2, "lo": lo, "hi": hi}, "verdict": verdict, "cos_mean": cos,
+            "gain": {"mean": gain}}
+
+
+def test_the_frontier_pages_advice_places_each_method_by_its_paired_interval():
+    """The advice's four places (held, shown beyond the margin, shown below 0 only, no loss shown), the cosine's order
+    against the gain's with ties, and reuse's sentence only where its gain equals its twin's."""
+    fp = _page_module()
+    base = {"method": "baseline", "window": 8, "seeds": 10, "reuse": False, "measured": 1.0, "ideal": 1.0,
+            "paired": None, "verdict": "–", "gain": {"mean": 0.03}}
+    rows = [base,
+            _row("held", (-0.004, 0.006), "non-inferior", 0.99, 0.029, measured=1.2),
+            _row("lost", (-0.03, -0.012), "inferior", 0.70, 0.005),
+            _row("less", (-0.015, -0.002), "not shown", 0.95, 0.02),
+            _row("open", (-0.013, 0.001), "not shown", 0.97, 0.025),
+            _row("less-reuse", (-0.015, -0.002), "not shown", 0.95, 0.02, measured=3.9, reuse=True)]
+    text = fp.advice(rows, 0.01)
+    line = {k: next(x for x in text.splitlines() if x.startswith(f"- **{k}")) for k in
+            ("Held", "Shown to learn less than the exact baseline by", "Shown to learn less than the exact baseline**",
+             "No loss", "The cosine", "Reuse")}
+    assert "held (1.20×" in line["Held"] and "lost" not in line["Held"]
+    assert "lost (" in line["Shown to learn less than the exact baseline by"]
+    assert "less (" in line["Shown to learn less than the exact baseline**"] and "open" not in \
+        line["Shown to learn less than the exact baseline**"]
+    assert "open (" in line["No loss"] and "less" not in line["No loss"]
+    assert "lost < less = less-reuse < open < held; by gain the same" in line["The cosine"]
+    assert "less-reuse learned what less learned" in line["Reuse"]
+    assert "On average every method" not in text  # held gains 0.001 over the baseline on average
+    rows[-1]["gain"] = {"mean": 0.021}
+    assert "Reuse" not in fp.advice(rows, 0.01)
+    rows[1]["paired"] = {"mean": -0.0005, "lo": -0.005, "hi": 0.004}
+    assert "On average every method learned less" in fp.advice(rows, 0.01)
+    assert fp.margin_share([base], 0.01, "toy_fidelity").endswith("33% of the toy baseline's gain here (+0.0300)")
