@@ -395,6 +395,21 @@ all of it lies below, *not shown* otherwise. {cos_note}{checks_note(rows)}
 """
 
 
+def wrap(text: str, width: int = 120) -> str:
+    """Every line of prose longer than ``width`` folded to it (a bullet's continuation indented under its text); table
+    rows, headings and images stay one line each."""
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width or line.startswith(("|", "#", "![")):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out += textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return "\n".join(out)
+
+
 def _seeds(seeds: dict[str, int]) -> str:
     lo, hi = (min(seeds.values()), max(seeds.values())) if seeds else (0, 0)
     return f"{lo} seed{'s' if lo != 1 else ''}" if lo == hi else f"{lo}–{hi} seeds"
@@ -438,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         raise PageError(f"{args.pilot} is not UTF-8 text; it holds the section on how the recipe was chosen.") \
             from None
     rows = rows_of(s, cos)
-    text = page(s, rows, cos, pilot, args)  # the whole page is built before anything is written
+    text = wrap(page(s, rows, cos, pilot, args))  # the whole page is built before anything is written
     fig = out.parent / FIGURE
     fig.parent.mkdir(parents=True, exist_ok=True)
     draw(rows, s["primary"], fig)
