@@ -245,8 +245,9 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
 
     say = []
     if others and all(r["paired"]["mean"] < 0 for r in others):
-        say.append(f"- **On average every method learned less than the exact baseline** over this {rows[0]['window']}"
-                   f"-step window; how much less is below, method by method.")
+        window = next((r["window"] for r in rows if r["method"] == "baseline"), None)
+        say.append(f"- **On average every method learned less than the exact baseline**"
+                   f"{f' over this {window}-step window' if window else ''}; how much less is below, method by method.")
     if held:
         best = held[0]
         say.append(f"- **Held at the {margin:g} margin:** {named(held)}; the fastest of them is {best['method']} "
@@ -254,8 +255,8 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
     if lost:
         say.append(f"- **Shown to learn less than the exact baseline by more than {margin:g}:** {named(lost)}.")
     if less:
-        say.append(f"- **Shown to learn less than the exact baseline** (the paired interval lies below 0), by an amount "
-                   f"{_seeds({r['method']: r['seeds'] for r in less})} cannot place against the {margin:g} margin: "
+        say.append(f"- **Shown to learn less than the exact baseline** (the paired interval lies below 0), by an "
+                   f"amount {_seeds({r['method']: r['seeds'] for r in less})} cannot place against the {margin:g} margin: "
                    f"{named(less)}.")
     if open_:
         say.append(f"- **No loss shown, none ruled out** (the paired interval covers 0 and reaches below "
@@ -271,10 +272,11 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
         say.append(f"- **The cosine orders the methods {'as' if same else 'roughly as' if rho > 0.7 else 'not as'} "
                    f"the test gain does** (Spearman {rho:.2f} over {len(with_cos)} methods): by cosine {by_cos}"
                    f"{'; by gain the same' if same else f'; by gain {by_gain}'}. Each row's gain is over its seeds "
-                   f"and its cosine over (model, rollout) units, so the order of two neighbours is not itself shown (their intervals overlap).")
-        clear = [r for r in with_cos if r["paired"]["lo"] <= 0 <= r["paired"]["hi"] or r["verdict"] == "non-inferior"]
-        shown = [r for r in with_cos if r not in clear]
-        if clear and shown:
+                   f"and its cosine over (model, rollout) units, so the order of two neighbours is not itself shown "
+                   f"(their intervals overlap).")
+        shown = [r for r in with_cos if r["paired"]["hi"] < 0]  # shown to learn less than the baseline
+        clear = [r for r in with_cos if r not in shown]
+        if clear and shown and max(map(_cos_mean, shown)) < min(map(_cos_mean, clear)):  # the cosine separates them
             say.append(f"- **Where it stopped holding, by cosine:** every method with a cosine of "
                        f"{max(_cos_mean(r) for r in shown):.3f} or less was shown to learn less than the baseline; "
                        f"{', '.join(r['method'] for r in clear)} (cosine "

@@ -261,3 +261,18 @@ def test_the_frontier_pages_advice_places_each_method_by_its_paired_interval():
     rows[1]["paired"] = {"mean": -0.0005, "lo": -0.005, "hi": 0.004}
     assert "On average every method learned less" in fp.advice(rows, 0.01)
     assert fp.margin_share([base], 0.01, "toy_fidelity").endswith("33% of the toy baseline's gain here (+0.0300)")
+
+
+def test_the_advice_says_where_the_cosine_separates_only_when_it_does():
+    """"Where it stopped holding, by cosine" only when every method shown to learn less has a lower cosine than every
+    other; a method shown to learn more than the baseline is not counted as shown to learn less."""
+    fp = _page_module()
+    base = {"method": "baseline", "window": 8, "seeds": 10, "reuse": False, "measured": 1.0, "ideal": 1.0,
+            "paired": None, "verdict": "–", "gain": {"mean": 0.03}}
+    rows = [base, _row("a", (-0.02, -0.005), "not shown", 0.90, 0.01),
+            _row("b", (-0.01, 0.004), "not shown", 0.95, 0.02),
+            _row("c", (0.001, 0.01), "non-inferior", 0.99, 0.035)]
+    text = fp.advice(rows, 0.01)
+    assert "cosine of 0.900 or less was shown to learn less than the baseline; b, c (cosine 0.950, 0.990)" in text
+    rows[1]["cos_mean"] = 0.97  # a is shown to learn less yet has a higher cosine than b: no separation to state
+    assert "Where it stopped holding" not in fp.advice(rows, 0.01)
