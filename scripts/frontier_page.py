@@ -165,7 +165,7 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
 
 
 def table(rows: list[dict[str, Any]], prim: str) -> str:
-    checks = sorted({k for r in rows for k in r.get("checks", {})})  # the scores not trained on: the hacking check
+    checks = _check_keys(rows)
     head = ("| method | W | K | reuse | ideal speedup | measured speedup | gain: mean [seeds' 95%] [prompts' 95%] | "
             "gain − baseline (paired): mean [seeds' 95%] [prompts' 95%] | verdict at the margin | cos(method, exact) |"
             + "".join(f" `{k}` change (not trained on): mean [seeds' 95%] |" for k in checks) + "\n"
@@ -174,12 +174,11 @@ def table(rows: list[dict[str, Any]], prim: str) -> str:
     for r in rows:
         g, gp, p = r["gain"], r["gain_prompts"], r["paired"]
         exact = r["mode"] in ("exact", "exact_batched")
-        paired = "–" if not p else f"{p['mean']:+.4f} {_iv(p['lo'], p['hi'])} {_iv(*p['prompts_interval'])}"
+        paired = "–" if not p else f"{_mean_iv(p)} {_iv(*p['prompts_interval'])}"
         lines.append(
             f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
             f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
-            f"{r['measured']:.2f}× | {g['mean']:+.4f} {_iv(g.get('lo', float('nan')), g.get('hi', float('nan')))} "
-            f"{_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |"
+            f"{r['measured']:.2f}× | {_mean_iv(g)} {_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |"
             + "".join(_check(r.get("checks", {}).get(k)) for k in checks))
     return "\n".join(lines)
 
@@ -188,27 +187,13 @@ def _cos_mean(r: dict[str, Any]) -> float:
     return r.get("cos_mean", float("nan"))
 
 
-def _ranks(xs: list[float]) -> list[float]:
-    """Average ranks (ties share theirs), for Spearman's correlation."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    ranks = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
 def _spearman(a: list[float], b: list[float]) -> float:
-    ra, rb = _ranks(a), _ranks(b)
-    ma, mb = sum(ra) / len(ra), sum(rb) / len(rb)
-    num = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    den = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
-    return num / den if den else float("nan")
+    """Spearman's rank correlation (ties share their average rank); NaN when either side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return float("nan")
+    return float(spearmanr(a, b).statistic)
 
 
 def _order(rs: list[dict[str, Any]], key) -> str:
@@ -222,8 +207,18 @@ def _order(rs: list[dict[str, Any]], key) -> str:
     return " < ".join(" = ".join(r["method"] for r in tie) for tie in out)
 
 
+def _mean_iv(d: dict[str, Any]) -> str:
+    """An interval's mapping as ``mean [lo, hi]``."""
+    return f"{d['mean']:+.4f} {_iv(d.get('lo', float('nan')), d.get('hi', float('nan')))}"
+
+
+def _check_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The scores not trained on (the hacking check) that some row carries."""
+    return sorted({k for r in rows for k in r.get("checks", {})})
+
+
 def _check(c: dict[str, Any] | None) -> str:
-    return " – |" if not c else f" {c['mean']:+.4f} {_iv(c.get('lo', float('nan')), c.get('hi', float('nan')))} |"
+    return " – |" if not c else f" {_mean_iv(c)} |"
 
 
 def advice(rows: list[dict[str, Any]], margin: float) -> str:
@@ -240,8 +235,7 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
     open_ = [r for r in rest if not r["paired"]["hi"] < 0]
 
     def named(rs: list[dict[str, Any]]) -> str:
-        return ", ".join(f"{r['method']} ({r['measured']:.2f}×, {r['paired']['mean']:+.4f} "
-                         f"{_iv(r['paired']['lo'], r['paired']['hi'])})" for r in rs)
+        return ", ".join(f"{r['method']} ({r['measured']:.2f}×, {_mean_iv(r['paired'])})" for r in rs)
 
     say = []
     if others and all(r["paired"]["mean"] < 0 for r in others):
@@ -256,7 +250,8 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
         say.append(f"- **Shown to learn less than the exact baseline by more than {margin:g}:** {named(lost)}.")
     if less:
         say.append(f"- **Shown to learn less than the exact baseline** (the paired interval lies below 0), by an "
-                   f"amount {_seeds({r['method']: r['seeds'] for r in less})} cannot place against the {margin:g} margin: "
+                   f"amount {_seeds({r['method']: r['seeds'] for r in less})} cannot place against the "
+                   f"{margin:g} margin: "
                    f"{named(less)}.")
     if open_:
         say.append(f"- **No loss shown, none ruled out** (the paired interval covers 0 and reaches below "
@@ -316,9 +311,8 @@ CARRY_OVER = """\
 
 def checks_note(rows: list[dict[str, Any]]) -> str:
     """A sentence on the scores not trained on (the hacking check), read from the rows."""
-    ks = sorted({k for r in rows for k in r.get("checks", {})})
     out = []
-    for k in ks:
+    for k in _check_keys(rows):
         means = [(r["checks"][k]["mean"], r["method"]) for r in rows if k in r.get("checks", {})]
         (lo, lo_m), (hi, hi_m) = min(means), max(means)
         out.append(f" `{k}`, not trained on, is the hacking check (docs/results.md): its change over the base runs "
