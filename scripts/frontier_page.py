@@ -251,8 +251,7 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
     if less:
         say.append(f"- **Shown to learn less than the exact baseline** (the paired interval lies below 0), by an "
                    f"amount {_seeds({r['method']: r['seeds'] for r in less})} cannot place against the "
-                   f"{margin:g} margin: "
-                   f"{named(less)}.")
+                   f"{margin:g} margin: {named(less)}.")
     if open_:
         say.append(f"- **No loss shown, none ruled out** (the paired interval covers 0 and reaches below "
                    f"−{margin:g}): {named(open_)}.")
