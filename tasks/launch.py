@@ -119,8 +119,8 @@ def read_context(path: str) -> tuple[Params, Layout, dict]:
 
 
 def launch(cmd: list[str], lay: Layout, env: dict, run: str, log) -> tuple[int, deque]:  # noqa: ANN001
-    """Run ``cmd`` (an ``accelerate launch``), relaying its output line by line to ``log`` as ``[run] line``; returns
-    its exit status and last 30 lines.
+    """Run ``cmd`` (an ``accelerate launch``, or the one worker it would start: :func:`without_launcher`), relaying
+    its output line by line to ``log`` as ``[run] line``; returns its exit status and last 30 lines.
 
     The workers run in a process group of their own that ends with this launcher: when the launcher stops (an error,
     an interrupt, a cancelled flow) the group is stopped here; when it is killed outright, the kernel stops its child
@@ -270,25 +270,37 @@ _SIGNAL_CAUSE = {"SIGKILL": "out of memory, or a kill -9 from outside", "SIGTERM
                  "SIGSEGV": "a crash", "SIGBUS": "a crash", "SIGABRT": "an abort"}
 
 
-def death(rc: int, tail: deque) -> str:
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def _killed(name: str, num: int | str) -> str:
+    cause = _SIGNAL_CAUSE.get(name)
+    return f"its worker was killed by {name} (signal {num}{': ' + cause if cause else ''})"
+
+
+def death(rc: int, tail: deque, direct: bool = False) -> str:
     """How the workers ended, without an error of their own, as the end of one plain sentence: the signal that killed
     one or the exit status it gave, read off accelerate's ``CalledProcessError`` (or torchrun's report) rather than
-    relaying that line, which is the worker's whole command."""
+    relaying that line, which is the worker's whole command. ``direct``: ``rc`` is the worker's own exit status (it
+    was started without a launcher: :func:`without_launcher`)."""
+    if direct:
+        if rc < 0:
+            return _killed(_signal_name(-rc), -rc)
+        return f"its worker exited with status {rc} without an error of its own"
     for line in reversed(tail):
         m = _DIED_BY.search(line)
         if m:
             name, num = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
-            cause = _SIGNAL_CAUSE.get(name)
-            return f"its worker was killed by {name} (signal {num}{': ' + cause if cause else ''})"
+            return _killed(name, num)
         m = _EXITED.search(line)
         if m:
             return f"its worker exited with status {m.group(1) or m.group(2)} without an error of its own"
     if rc < 0:
-        try:
-            name = signal.Signals(-rc).name
-        except ValueError:
-            name = f"signal {-rc}"
-        return f"its launcher (accelerate) was killed by {name}"
+        return f"its launcher (accelerate) was killed by {_signal_name(-rc)}"
     return f"its launcher (accelerate) exited with status {rc} without saying why"
 
 
@@ -400,6 +412,28 @@ def accelerate_command(params: Params, method: str, worker_args: list[str], mach
     if machine.address:
         cmd += ["--main_process_ip", machine.address]
     return cmd + ["-m", "tasks.train", "--worker", *worker_args]
+
+
+def without_launcher(cmd: list[str], env: dict) -> tuple[list[str], dict] | None:
+    """The one worker's own command and environment where the ``accelerate launch`` command ``cmd`` (of
+    :func:`accelerate_command`) would start one process with accelerate's simple launcher (one process on one machine,
+    no DeepSpeed, FSDP, Megatron or TPU from the flags or accelerate's default config): what that launcher would run,
+    read off accelerate's own parser and ``prepare_simple_launcher_cmd_env``, on ``env`` plus the variables accelerate
+    adds (``ACCELERATE_*``, ``OMP_NUM_THREADS``, ...). Starting it directly saves the launcher's process, whose start
+    (torch and accelerate imported to run one child) costs ~3 s of CPU per training run. None: launch ``cmd``."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils import ComputeEnvironment
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    args = launch_command_parser().parse_args(cmd[3:])  # after [python, -m, accelerate.commands.launch]
+    args, defaults, _ = _validate_launch_command(args)
+    launcher = (args.use_deepspeed, args.use_fsdp, args.use_megatron_lm, args.multi_gpu, args.tpu,
+                defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER)
+    if any(launcher) or args.num_processes != 1 or args.num_machines != 1 or args.mpirun_hostfile is not None:
+        return None
+    worker_cmd, launcher_env = prepare_simple_launcher_cmd_env(args)  # that env is a copy of os.environ, plus its own
+    added = {k: v for k, v in launcher_env.items() if os.environ.get(k) != v}
+    return worker_cmd, {**env, **added}
 
 
 def worker_threads(params: Params, environ: dict | None = None) -> int:

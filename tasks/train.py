@@ -1,12 +1,14 @@
 """Stage `train@<method>-s<seed>`: one GRPO training run, launched through `accelerate launch`.
 
 The stage function starts ``accelerate launch [...] -m tasks.train --worker-context FILE`` with the profile's process
-count, the method's own ``CUDA_VISIBLE_DEVICES`` and rendezvous port (so methods can share a machine on GPU
-partitions), and streams the workers' output into the Prefect log. FILE (readable by its owner only, removed when the
-run ends) carries the launcher's validated params, the repository root and the MLflow run to the workers, so every rank
-trains exactly the same config and no credential in the params shows on a command line. The worker (rank 0) logs every
-metric to the run's MLflow child run. A killed run resumes from its last complete checkpoint when started again (the
-Prefect task retries a run whose process died; a run that stopped with an error of its own is not retried).
+count, the method's own ``CUDA_VISIBLE_DEVICES`` and rendezvous port (so methods can share a machine on GPU partitions),
+and streams the workers' output into the Prefect log (one process on one machine starts as accelerate's simple launcher
+would start it, without that launcher's own process: :func:`tasks.launch.without_launcher`). FILE (readable by its owner
+only, removed when the run ends) carries the launcher's validated params, the repository root and the MLflow run to the
+workers, so every rank trains exactly the same config and no credential in the params shows on a command line. The
+worker (rank 0) logs every metric to the run's MLflow child run. A killed run resumes from its last complete checkpoint
+when started again (the Prefect task retries a run whose process died; a run that stopped with an error of its own is
+not retried).
 
 Multi-node (``resources.num_machines`` > 1): every machine starts the same ``jagg train --method M --seed S`` with its
 own ``--machine-rank`` (or ``JAGG_MACHINE_RANK``) and the rank-0 machine's ``--main-process-ip`` (or
@@ -36,7 +38,7 @@ from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout,
                      parse_overrides, retry_only_died, stage_logger)
 from .launch import (Machine, accelerate_command, clear_outcomes, death, die_with_parent, error_class, launch,
                      local_context, read_context, read_outcome, remove_stale_contexts, report_error_class,
-                     stop_on_signals, user_error, user_error_class, worker_error, write_context)
+                     stop_on_signals, user_error, user_error_class, without_launcher, worker_error, write_context)
 from jagg_core.pipeline.tracking import Tracker, TrackingError
 from jagg_core.setup.faults import fault
 from jagg_core.setup.storage import LockedError, PromptFileError, read_prompts
@@ -91,6 +93,9 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
         env["CUDA_VISIBLE_DEVICES"] = params.resources.cuda_visible_devices[method]
     worker = ["--profile", params.profile, "--method", method, "--seed", str(seed), "--worker-context", str(context)]
     cmd = accelerate_command(params, method, worker, machine)
+    direct = without_launcher(cmd, env)  # one process: the worker itself, as accelerate's simple launcher starts it
+    if direct:
+        cmd, env = direct
     n = params.resources.num_machines
     where = f" as machine {machine.rank} of {n} (rank 0 at {machine.address})" if n > 1 else ""
     log.info("launching %s%s: %s", run, where, " ".join(cmd[:14]) + " ...")
@@ -100,7 +105,7 @@ def _launch_workers(params: Params, lay: Layout, method: str, seed: int, machine
     finally:
         outcome = read_outcome(context)  # what a worker said of its own error, whatever it printed after it
     if rc != 0:
-        raise _failure(run, rc, tail, outcome)
+        raise _failure(run, rc, tail, outcome, direct=direct is not None)
 
 
 def check_train_prompts(params: Params, lay: Layout) -> None:
@@ -119,9 +124,11 @@ def check_train_prompts(params: Params, lay: Layout) -> None:
                                   f"world's grammar; regenerate the file with `jagg prepare`.") from None
 
 
-def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> TrainingError:
+def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None, direct: bool = False) -> TrainingError:
     """What a failed launch raises: the worker's own error from its outcome file (:func:`tasks.launch.read_outcome`),
-    which no output can scroll away; without one, what its last lines say; else a death (the one error retried)."""
+    which no output can scroll away; without one, what its last lines say; else a death (the one error retried).
+    ``direct``: the process launched was the worker itself (:func:`tasks.launch.without_launcher`), so ``rc`` is its
+    own exit status."""
     if outcome and outcome["kind"] == "user":  # the run's own error, as its own class (never retried)
         cls = user_error_class(outcome["class"], TrainingError)
         return (TrainingError if issubclass(cls, WorkerDied) else cls)(f"training run {run} failed: "
@@ -136,8 +143,8 @@ def _failure(run: str, rc: int, tail: deque, outcome: dict | None = None) -> Tra
     own = worker_error(tail)
     if own:  # a Python error the worker raised (a TypeError, a read-only folder): not a death, never retried
         return TrainingError(f"training run {run} failed in its worker with {own}")
-    return WorkerDied(f"training run {run} failed: {death(rc, tail)}; running it again resumes from its last complete "
-                      f"checkpoint.")
+    return WorkerDied(f"training run {run} failed: {death(rc, tail, direct)}; running it again resumes from its last "
+                      f"complete checkpoint.")
 
 
 def _trained(lay: Layout, run: str, params: Params, key: str | None = None):  # noqa: ANN202  (a Checkpoint or None)
@@ -310,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                             "method's index)")
     args = ap.parse_args(argv)
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
-        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate) takes its workers with it
+        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate, or jagg train itself) takes its workers with it
         params, lay, ctx = read_context(args.worker_context)
         with report_error_class(args.worker_context):  # its own error reaches the launcher as its own class
             worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],

@@ -157,7 +157,9 @@ def test_c2_a_workers_error_behind_a_long_traceback_is_its_own_not_a_death(ci_pr
     """A real `accelerate launch` whose worker raises a PermissionError deep in the trainer (as under a read-only
     checkpoint folder): its traceback and accelerate's own lines are longer than the 30 lines the launcher keeps, so
     the "jagg: worker error" line printed before them scrolled away and the failure was a WorkerDied, retried twice
-    under `jagg run`. The worker's outcome file says what it was: a TrainingError naming the PermissionError."""
+    under `jagg run`. The worker's outcome file says what it was: a TrainingError naming the PermissionError.
+    (Through `accelerate launch`, as several processes start: one process starts without it, and its own traceback
+    alone is shorter than 30 lines; tests/test_worker_errors.py has a worker's error on that path.)"""
     import logging
 
     from jagg_core.setup.paths import Layout
@@ -188,6 +190,7 @@ def test_c2_a_workers_error_behind_a_long_traceback_is_its_own_not_a_death(ci_pr
 
     real_launch = tasks.train.launch
     monkeypatch.setattr(tasks.train, "launch", launch)
+    monkeypatch.setattr(tasks.train, "without_launcher", lambda cmd, env: None)
     with pytest.raises(TrainingError) as e:
         _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
     assert not isinstance(e.value, WorkerDied), e.value
@@ -242,10 +245,11 @@ def test_c2_products_of_sizes_are_bounded_with_one_sentence(overrides, says):
 # --- class 8: output a user can read -----------------------------------------------------------------------------
 
 
-def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci_project):
-    """A real `accelerate launch` whose worker stops on a user error (a prompt file it cannot use): what the launcher
-    relays is the worker's one sentence; accelerate's 10-line `CalledProcessError` traceback ("[run] Traceback …")
-    and the class line meant for the launcher are not shown."""
+def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci_project, monkeypatch):
+    """A real `accelerate launch` (as several processes start; one starts without it) whose worker stops on a user
+    error (a prompt file it cannot use): what the launcher relays is the worker's one sentence; accelerate's 10-line
+    `CalledProcessError` traceback ("[run] Traceback …") and the class line meant for the launcher are not shown."""
+    import tasks.train
     from test_worker_errors import _write_prompts
 
     from jagg_core.setup.paths import Layout
@@ -265,6 +269,7 @@ def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci
         def info(self, fmt, *args):
             lines.append(fmt % args)
 
+    monkeypatch.setattr(tasks.train, "without_launcher", lambda cmd, env: None)
     with pytest.raises(PromptFileError, match="is an empty prompt"):
         _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
     shown = "\n".join(lines)

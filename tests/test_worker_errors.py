@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
 
 import pytest
 
-from conftest import run_module
+from conftest import REPO, run_module
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.setup.storage import PromptFileError
 
+PARAMS = REPO / "params.yaml"
 BAD_PROMPTS = [("", "is an empty prompt"), ("a " * 5000, r"is not a prompt of the toy world's grammar"),
                ("\ud800 red circle", "holds a lone surrogate")]
 
@@ -74,3 +77,45 @@ def test_a_workers_own_error_reaches_its_launcher_as_its_own_class_and_is_not_re
 
     for line in ["os:system", "builtins:SystemExit", "jagg_core.setup.storage:Path", "tasks.train:nope"]:
         assert error_class(deque([f"jagg: error class: {line}"]), TrainingError) is TrainingError
+
+
+_PROBE = "import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))\n"
+
+
+def test_one_process_starts_as_accelerate_would_start_it_without_its_launcher(tmp_path, monkeypatch):
+    """A one-process training starts its worker directly (:func:`tasks.launch.without_launcher`), saving the
+    `accelerate launch` process in between: the worker gets the command line and the environment (ACCELERATE_*,
+    OMP_NUM_THREADS, ...) that a real `accelerate launch` gives it, to the last variable; several processes or
+    machines still go through `accelerate launch`; a direct worker's death is worded from its own exit status."""
+    from collections import deque
+
+    from tasks.launch import Machine, accelerate_command, without_launcher
+    from tasks.train import WorkerDied, _failure
+
+    (tmp_path / "jagg_probe.py").write_text(_PROBE)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # accelerate's variable must come from the command
+    params = load_params(PARAMS, "ci")
+    cmd = accelerate_command(params, "jagg", ["--seed", "3"])
+    cmd[cmd.index("tasks.train"):] = ["jagg_probe", "--seed", "3"]
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}:{REPO}", PYTHONUNBUFFERED="1")
+
+    def seen(command: list[str], environ: dict) -> dict:
+        out = subprocess.run(command, env=environ, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.splitlines()[-1])
+
+    direct = without_launcher(cmd, env)
+    assert direct is not None and "accelerate" not in " ".join(direct[0])
+    launched, started = seen(cmd, env), seen(*direct)
+    assert started["argv"] == launched["argv"] == ["--seed", "3"]
+    threads = cmd[cmd.index("--num_cpu_threads_per_process") + 1]
+    assert started["env"] == launched["env"] and launched["env"]["OMP_NUM_THREADS"] == threads, \
+        {k for k in started["env"].keys() | launched["env"].keys() if started["env"].get(k) != launched["env"].get(k)}
+    two = load_params(PARAMS, "ci", {"resources.num_processes": 2})
+    assert without_launcher(accelerate_command(two, "jagg", []), env) is None
+    nodes = load_params(PARAMS, "ci", {"resources.num_machines": 2})
+    assert without_launcher(accelerate_command(nodes, "jagg", [], Machine(0, "10.0.0.1")), env) is None
+    killed = _failure("jagg-s0", -9, deque(["iteration 2"]), direct=True)
+    assert isinstance(killed, WorkerDied) and "its worker was killed by SIGKILL (signal 9: out of memory" in str(killed)
+    assert "its worker exited with status 3 without an error of its own" in str(_failure("jagg-s0", 3, deque(),
+                                                                                           direct=True))
