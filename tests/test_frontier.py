@@ -177,7 +177,10 @@ def test_a_ci_sized_toy_w_run_reports_every_method_and_makes_the_frontier_page(t
     cos = json.loads((fid / "methods.json").read_text())["methods"]
     assert set(cos) == set(methods)
     assert cos["baseline"]["cos"]["mean"] == pytest.approx(1.0, abs=1e-9)
-    assert cos["jagg-reuse"]["cos"]["mean"] == pytest.approx(cos["jagg"]["cos"]["mean"], abs=1e-9)  # same policy
+    # Reuse takes the rollout's velocities where jagg recomputes them with the same weights: the same gradient up to
+    # float32 rounding. Bit-equal on an AMD EPYC; 1.1e-7 apart in the cosine on an Intel Xeon, whose kernels round
+    # the rollout's batch shape and the update's differently (the methods' cosines differ from each other by 1e-2).
+    assert cos["jagg-reuse"]["cos"]["mean"] == pytest.approx(cos["jagg"]["cos"]["mean"], abs=1e-6)
     assert all(-1.0 <= c["cos"]["mean"] <= 1.0 + 1e-9 for c in cos.values())
 
     # The page.
