@@ -425,13 +425,16 @@ def without_launcher(cmd: list[str], env: dict) -> tuple[list[str], dict] | None
     from accelerate.utils import ComputeEnvironment
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
-    args = launch_command_parser().parse_args(cmd[3:])  # after [python, -m, accelerate.commands.launch]
-    args, defaults, _ = _validate_launch_command(args)
-    launcher = (args.use_deepspeed, args.use_fsdp, args.use_megatron_lm, args.multi_gpu, args.tpu,
-                defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER)
-    if any(launcher) or args.num_processes != 1 or args.num_machines != 1 or args.mpirun_hostfile is not None:
-        return None
-    worker_cmd, launcher_env = prepare_simple_launcher_cmd_env(args)  # that env is a copy of os.environ, plus its own
+    try:
+        args = launch_command_parser().parse_args(cmd[3:])  # after [python, -m, accelerate.commands.launch]
+        args, defaults, _ = _validate_launch_command(args)
+        launcher = (args.use_deepspeed, args.use_fsdp, args.use_megatron_lm, args.multi_gpu, args.tpu,
+                    defaults is not None and defaults.compute_environment == ComputeEnvironment.AMAZON_SAGEMAKER)
+        if any(launcher) or args.num_processes != 1 or args.num_machines != 1 or args.mpirun_hostfile is not None:
+            return None
+        worker_cmd, launcher_env = prepare_simple_launcher_cmd_env(args)  # os.environ's copy, plus its own
+    except (Exception, SystemExit):  # noqa: BLE001  (whatever accelerate refuses: a broken config file, ...)
+        return None  # `accelerate launch` then says it, in its own words, as it did before
     added = {k: v for k, v in launcher_env.items() if os.environ.get(k) != v}
     return worker_cmd, {**env, **added}
 

@@ -115,6 +115,9 @@ def test_one_process_starts_as_accelerate_would_start_it_without_its_launcher(tm
     assert without_launcher(accelerate_command(two, "jagg", []), env) is None
     nodes = load_params(PARAMS, "ci", {"resources.num_machines": 2})
     assert without_launcher(accelerate_command(nodes, "jagg", [], Machine(0, "10.0.0.1")), env) is None
+    broken = tmp_path / "broken.yaml"  # what accelerate refuses is refused by `accelerate launch`, as before
+    broken.write_text("compute_environment: [\n")
+    assert without_launcher([*cmd[:3], "--config_file", str(broken), *cmd[3:]], env) is None
     killed = _failure("jagg-s0", -9, deque(["iteration 2"]), direct=True)
     assert isinstance(killed, WorkerDied) and "its worker was killed by SIGKILL (signal 9: out of memory" in str(killed)
     assert "its worker exited with status 3 without an error of its own" in str(_failure("jagg-s0", 3, deque(),
