@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                             "method's index)")
     args = ap.parse_args(argv)
     if args.worker_context:  # a worker started by train_run: the launcher's validated params
-        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate, or jagg train itself) takes its workers with it
+        die_with_parent(signal.SIGTERM)  # a killed launcher (accelerate, or jagg train) takes its workers with it
         params, lay, ctx = read_context(args.worker_context)
         with report_error_class(args.worker_context):  # its own error reaches the launcher as its own class
             worker(params, lay, args.method, args.seed, mlflow_run=ctx["mlflow_run"], run_key=ctx["run_key"],
