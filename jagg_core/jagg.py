@@ -7,7 +7,16 @@ network timestep between the group's endpoints (Eq. 6), ``J_j ≈ (1 − α_j) J
 ``∇θ ≈ J_0ᵀ s_base + J_{W−1}ᵀ s_corr``, ``s_base = Σ_j (1 − α_j) s_j``, ``s_corr = Σ_j α_j s_j``.
 
 Generalised here to K anchors (K = 2 is the paper's JAGG, K = W is exact): each step's Jacobian is interpolated
-between its two neighbouring anchors with the same t-weighted rule, and the signals are aggregated per anchor.
+between its two neighbouring anchors with the same t-weighted rule, and the signals are aggregated per anchor; the
+anchors are spread evenly or placed where the caller says (``anchor_at``).
+
+The random anchor (``random_anchor``, docs/frontier.md) makes the estimator unbiased at the cost of one more graph:
+a non-anchor step r is drawn with probability p_r and the interpolation's error at r is corrected, scaled by 1/p_r:
+``g_r = JAGG + (1/p_r)(J_rᵀ s_r − Σ_k M[r, k] J_{a_k}ᵀ s_r)``, so ``E_r[g_r] = Σ_j J_jᵀ s_j``, the exact gradient.
+The backward is linear in its cotangent, so it is still ONE joint backward: r's output gets ``s_r / p_r`` and each
+anchor's cotangent loses ``M[r, k] s_r / p_r``. ``"group"`` draws one r for the whole group; ``"image"`` draws one r
+per image (row), stratified over the rows, so one backward averages many draws (the probe forward then takes each row
+at its own step: ``velocity_rows``).
 
 Modes (the registry :data:`jagg_core.modes.BACKWARD_MODES`): ``exact`` (W with-grad forwards, W backwards),
 ``exact_batched`` (the same gradient, all W steps in one with-grad forward call and one backward), ``jagg`` and
@@ -28,7 +37,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from .modes import EXACT_MODES, MODES, VARIANTS
+from .modes import EXACT_MODES, MODES, RANDOM_ANCHOR, VARIANTS
 
 __all__ = [
     "AUTO_FALLBACK_JAGG_FRAC",
@@ -38,8 +47,12 @@ __all__ = [
     "Group",
     "GroupStats",
     "GroupSteps",
+    "RANDOM_ANCHOR",
     "anchor_positions",
     "anchor_weights",
+    "draw_random_anchor",
+    "random_anchor_probabilities",
+    "resolve_anchors",
     "interpolation_weights",
     "aggregate_upstream",
     "plan_groups",
@@ -100,6 +113,70 @@ def anchor_weights(t: torch.Tensor | Sequence[float], anchors: Sequence[int] | N
         m[a : b + 1, k] = 1.0 - alpha
         m[a : b + 1, k + 1] = alpha  # the shared anchor b is overwritten to exactly (0, 1)
     return m
+
+
+def resolve_anchors(window: int, anchors: int = 2, anchor_at: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The anchors of a group: ``anchor_at`` as given (both endpoints included, strictly increasing), else
+    :func:`anchor_positions`' K evenly spread."""
+    if anchor_at is None:
+        return anchor_positions(window, anchors)
+    pos = tuple(int(a) for a in anchor_at)
+    if len(pos) < 2 or pos[0] != 0 or pos[-1] != window - 1 or any(b <= a for a, b in zip(pos, pos[1:])):
+        raise ValueError(f"anchor_at must increase strictly from 0 to the window's last step ({window - 1}), "
+                         f"got {list(pos)}.")
+    return pos
+
+
+def random_anchor_probabilities(t: torch.Tensor | Sequence[float], anchors: Sequence[int],
+                                weights: str | Sequence[float] = "uniform") -> torch.Tensor:
+    """(W,) float64 p_r of drawing step r as the random anchor: 0 at the anchors, summing to 1 over the others.
+
+    ``"uniform"``: equal; ``"alpha"``: ∝ α(1 − α) with α the step's weight between its two neighbouring anchors (the
+    interpolation's error of a smooth velocity grows as α(1 − α)); a sequence: one non-negative weight per step of the
+    group (those at anchors are ignored), every non-anchor step's positive — a step that is never drawn would keep
+    its interpolation error, and the estimator would not be unbiased.
+    """
+    m = anchor_weights(t, anchors)
+    w = m.shape[0]
+    free = torch.ones(w, dtype=torch.bool)
+    free[list(anchors)] = False
+    if not bool(free.any()):
+        raise ValueError(f"a random anchor needs a step that is not an anchor; the group of {w} has none.")
+    if isinstance(weights, str):
+        if weights == "uniform":
+            q = free.to(torch.float64)
+        elif weights == "alpha":
+            q = (m[:, :-1] * m[:, 1:]).sum(dim=1)  # (1 − α) α between the step's two anchors, 0 at an anchor
+        else:
+            raise ValueError(f"random anchor weights must be 'uniform', 'alpha' or a list of {w} numbers, "
+                             f"got {weights!r}.")
+    else:
+        q = torch.as_tensor([float(x) for x in weights], dtype=torch.float64)
+        if q.numel() != w or not bool(torch.isfinite(q).all()) or bool((q < 0).any()):
+            raise ValueError(f"random anchor weights must be {w} finite non-negative numbers, got {list(weights)}.")
+    q = torch.where(free, q, torch.zeros_like(q))
+    if not bool((q[free] > 0).all()):
+        raise ValueError(f"every step that is not an anchor needs a positive random anchor weight, got "
+                         f"{[round(float(x), 6) for x in q]} (anchors {list(anchors)}).")
+    return q / q.sum()
+
+
+def draw_random_anchor(p: torch.Tensor, rows: int, per: str, generator: torch.Generator | None = None) -> torch.Tensor:
+    """(rows,) int64 steps drawn from ``p``: one for all rows (``per="group"``), or one per row (``"image"``),
+    stratified — slot i of a random permutation takes the quantile (i + U)/rows — so every row's step has the law ``p``
+    and the rows cover the steps in proportion to it."""
+    if per not in RANDOM_ANCHOR:
+        raise ValueError(f"random_anchor must be one of {RANDOM_ANCHOR}, got {per!r}.")
+    cdf = p.cumsum(0)
+    cdf[-1] = 1.0
+    u = torch.rand(1, generator=generator, dtype=torch.float64)
+    if per == "group":
+        return torch.searchsorted(cdf, u, right=True).clamp(max=p.numel() - 1).expand(rows).clone()
+    slots = (torch.arange(rows, dtype=torch.float64) + u) / rows
+    steps = torch.searchsorted(cdf, slots, right=True).clamp(max=p.numel() - 1)
+    out = torch.empty(rows, dtype=torch.int64)
+    out[torch.randperm(rows, generator=generator)] = steps
+    return out
 
 
 def aggregate_upstream(
@@ -189,6 +266,7 @@ class GroupStats:
     reused_velocities: int = 0  # middle velocities taken from middle_velocity instead of a forward
     backward_calls: int = 0  # torch.autograd.backward calls (transformer backward passes)
     backward_seconds: float = 0.0  # wall time inside those calls
+    random_anchor: list[int] = field(default_factory=list)  # the drawn step of each row (random_anchor only)
     extras: dict[str, float] = field(default_factory=dict)  # mean over steps of step_loss's extra stats
 
 
@@ -219,8 +297,14 @@ def group_backward(
     variant: str = "joint",
     *,
     anchors: int = 2,
+    anchor_at: Sequence[int] | None = None,
+    random_anchor: str | None = None,
+    random_anchor_p: str | Sequence[float] = "uniform",
+    generator: torch.Generator | None = None,
+    draw: int | torch.Tensor | None = None,
     middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
     velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
+    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     before_backward: Callable[[bool], None] | None = None,
 ) -> GroupStats:
     """Accumulate the group's GRPO gradient into the parameters' ``.grad``, like ``loss.backward()``.
@@ -241,11 +325,20 @@ def group_backward(
         variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time); the
             exact modes ignore it.
         anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
+        anchor_at: the anchors' positions in the group instead of K evenly spread (0 and W − 1 included).
+        random_anchor: ``None`` (the deterministic interpolation), ``"group"`` or ``"image"``: one more anchor drawn
+            at random, per group or per image, that makes the estimator unbiased (jagg mode only; module docstring).
+        random_anchor_p: its law over the non-anchor steps (:func:`random_anchor_probabilities`).
+        generator: the draws' RNG (a trainer seeds one per iteration, so a resumed run draws the same steps).
+        draw: the drawn step(s) instead of a draw: an int for every row, or a (B,) tensor, one per row (tests,
+            studies that enumerate every draw).
         middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
             rollout while the policy is unchanged); None falls back to a no-grad forward.
         velocity_batch: ``[j, ...] -> [v_j, ...]`` in ONE policy call (e.g. the anchors concatenated along the batch):
             the joint variant then builds a single graph, so FSDP all-gathers each module once in its backward;
             ``exact_batched`` forwards all W steps through it (W separate calls without it).
+        velocity_rows: ``(rows, js) -> v`` for the image rows ``rows`` (int64), each at its own step ``js[i]``, in one
+            call: what ``random_anchor="image"`` forwards its drawn steps and the rest of the middle steps with.
         before_backward: called with ``last`` before each backward call (``last`` for the group's final one); a
             data-parallel caller uses it to synchronise gradients only once.
     """
@@ -253,6 +346,10 @@ def group_backward(
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
+    if random_anchor is not None and random_anchor not in RANDOM_ANCHOR:
+        raise ValueError(f"random_anchor must be None or one of {RANDOM_ANCHOR}, got {random_anchor!r}.")
+    if random_anchor == "image" and velocity_rows is None and mode == "jagg":
+        raise ValueError("random_anchor='image' forwards each image at its own drawn step: it needs velocity_rows.")
     t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
     run = _GroupRun(step_loss, before_backward, GroupStats(mode=mode, variant=variant, window=t.numel()))
     if mode == "exact" or t.numel() < 2:
@@ -261,7 +358,12 @@ def group_backward(
     elif mode == "exact_batched":
         _exact_batched_backward(run, velocity, velocity_batch, t.numel())
     else:
-        _anchored_backward(run, velocity, t, mode, variant, anchors, middle_velocity, velocity_batch)
+        pos = resolve_anchors(t.numel(), anchors, anchor_at)
+        probe = None
+        if random_anchor is not None and mode == "jagg" and len(pos) < t.numel():
+            probe = _Probe(random_anchor_probabilities(t, pos, random_anchor_p), random_anchor, generator, draw,
+                           velocity_rows)
+        _anchored_backward(run, velocity, t, mode, variant, pos, middle_velocity, velocity_batch, probe)
     run.stats.extras = {k: sum(x) / len(x) for k, x in run.extras.items()}
     return run.stats
 
@@ -280,13 +382,16 @@ class GroupSteps(Protocol):
 
 
 def run_group(steps: GroupSteps, t: torch.Tensor | Sequence[float], mode: str, variant: str = "joint", *,
-              anchors: int = 2) -> GroupStats:
-    """:func:`group_backward` of the group ``steps`` holds: its two callables and the optional ones it has."""
+              anchors: int = 2, **options) -> GroupStats:
+    """:func:`group_backward` of the group ``steps`` holds: its two callables and the optional ones it has;
+    ``options`` are :func:`group_backward`'s keyword options (``anchor_at``, ``random_anchor``, ``generator``, …)."""
     return group_backward(
         steps.velocity, steps.step_loss, t, mode, variant, anchors=anchors,
         middle_velocity=getattr(steps, "middle_velocity", None),
         velocity_batch=getattr(steps, "velocity_batch", None),
+        velocity_rows=getattr(steps, "velocity_rows", None),
         before_backward=getattr(steps, "before_backward", None),
+        **options,
     )
 
 @dataclass
@@ -343,15 +448,37 @@ def _exact_batched_backward(run: _GroupRun, velocity: Velocity,
     del outputs
 
 
-def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode: str, variant: str, anchors: int,
-                       middle_velocity: Callable[[int], torch.Tensor | None] | None,
-                       velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None) -> None:
+@dataclass
+class _Probe:
+    """The random anchor of one group: its law over the group's steps and how it is drawn."""
+
+    p: torch.Tensor  # (W,) float64
+    per: str  # "group" or "image"
+    generator: torch.Generator | None
+    draw: int | torch.Tensor | None
+    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+
+    def steps(self, rows: int) -> torch.Tensor:
+        """(rows,) the drawn step of every row."""
+        if self.draw is None:
+            return draw_random_anchor(self.p, rows, self.per, self.generator)
+        r = torch.as_tensor(self.draw, dtype=torch.int64).flatten().expand(rows).clone()
+        if bool((self.p[r] <= 0).any()):
+            raise ValueError(f"a drawn random anchor must be a step that is not an anchor, got "
+                             f"{sorted(set(r.tolist()))}.")
+        return r
+
+
+def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode: str, variant: str,
+                       pos: tuple[int, ...], middle_velocity: Callable[[int], torch.Tensor | None] | None,
+                       velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None,
+                       probe: _Probe | None = None) -> None:
     """Eq. 7 with K anchors: ``∇θ ≈ Σ_k J_{a_k}ᵀ s_anchor_k``, ``s_anchor_k = Σ_j M[j, k] s_j`` (:func:`anchor_weights`;
     K = 2: ``J_0ᵀ s_base + J_{W−1}ᵀ s_corr``). The middle steps' signals come first, under no_grad (no graph alive);
     then the anchors forward with grad and their aggregated signals go through one backward (joint) or one each
-    (sequential). ``ablate`` keeps only the anchors' own signals (``ablate_matched``: scaled by W/K)."""
+    (sequential). ``ablate`` keeps only the anchors' own signals (``ablate_matched``: scaled by W/K). With a random
+    anchor (:class:`_Probe`) its rows are forwarded with grad first and every middle step's other rows without."""
     w = t.numel()
-    pos = anchor_positions(w, anchors)
     weights = anchor_weights(t, pos) if mode == "jagg" else None  # (W, K)
     own = w / len(pos) if mode == "ablate_matched" else 1.0  # ablate's anchor weight: 1, or W/K weight-matched
     s_anchor: list[torch.Tensor | None] = [None] * len(pos)
@@ -365,6 +492,10 @@ def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode
             if c != 0.0:
                 s_anchor[k] = c * s if s_anchor[k] is None else s_anchor[k] + c * s
 
+    if probe is not None:
+        _probed_backward(run, velocity, middle_velocity, velocity_batch, variant, pos, weights, probe, accumulate,
+                         s_anchor)
+        return
     for j in range(w):
         if j not in pos:
             accumulate(j, run.signal(j, _middle_velocity(run, velocity, middle_velocity, j)))
@@ -372,6 +503,105 @@ def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode
         _joint_anchors(run, velocity, velocity_batch, pos, accumulate, s_anchor)
     else:
         _sequential_anchors(run, velocity, pos, accumulate, s_anchor)
+
+
+def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callable[[int], torch.Tensor | None] | None,
+                     velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, variant: str,
+                     pos: tuple[int, ...], weights: torch.Tensor, probe: _Probe,
+                     accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
+    """JAGG plus the random anchor's correction (module docstring), in one joint backward or one per graph.
+
+    The first anchor forwards with grad (with ``per="group"`` and ``velocity_batch`` in the joint variant, every
+    anchor and the drawn step in one call); then each row's step r_i is drawn and forwarded with grad (the probe: one
+    call, ``velocity(r)`` for a group's draw, ``velocity_rows`` for per-image draws); each middle step is forwarded
+    under no_grad only on the rows that did not draw it (reused rollout velocities need none), so the group costs
+    the forwards of K + 1 anchors. The probe's cotangent is ``s_{r_i} / p_{r_i}`` per row and anchor k's loses
+    ``M[r_i, k] s_{r_i} / p_{r_i}``. Joint: one backward over the K + 1 graphs. Sequential: the first anchor's and the
+    probe's backward once the middle signals are known (two graphs alive at most), then one anchor at a time."""
+    w = weights.shape[0]
+    mids = [j for j in range(w) if j not in pos]
+    per_group = probe.per == "group"
+    r_group = probe.steps(1) if per_group else None  # a group's draw needs no batch size
+    outputs: dict[int, torch.Tensor] = {}  # anchor position -> its with-grad output
+    v_probe = None
+    if per_group and variant == "joint" and velocity_batch is not None:
+        batch = list(velocity_batch([*pos, int(r_group[0])]))
+        outputs.update(zip(pos, batch[:-1]))
+        v_probe = batch[-1]
+        run.stats.forward_calls += 1
+        run.stats.grad_forwards += len(pos) + 1
+    else:
+        outputs[pos[0]] = velocity(pos[0])
+        run.stats.forward_calls += 1
+        run.stats.grad_forwards += 1
+    n = int(outputs[pos[0]].shape[0])
+    r = r_group.expand(n).clone() if per_group else probe.steps(n)
+    run.stats.random_anchor = r.tolist()
+    if v_probe is None:
+        v_probe = velocity(int(r[0])) if per_group else probe.velocity_rows(torch.arange(n), r)
+        run.stats.forward_calls += 1
+        run.stats.grad_forwards += 1
+    # the middle steps' signals: reused velocities, or no-grad forwards of the rows that did not draw the step
+    signals: dict[int, torch.Tensor] = {}
+    nograd_rows = 0
+    for j in mids:
+        v = middle_velocity(j) if middle_velocity is not None else None
+        drew = r == j
+        if v is not None:
+            run.stats.reused_velocities += 1
+        elif bool(drew.all()):
+            v = v_probe.detach()
+        else:
+            with torch.no_grad():
+                if bool(drew.any()):
+                    rows = torch.nonzero(~drew).flatten()
+                    v = v_probe.detach().clone()
+                    v[rows] = probe.velocity_rows(rows, torch.full_like(rows, j))
+                    nograd_rows += len(rows)
+                else:
+                    v = velocity(j)
+                    nograd_rows += n
+            run.stats.forward_calls += 1
+        signals[j] = run.signal(j, v)
+        accumulate(j, signals[j])
+    run.stats.nograd_forwards += nograd_rows // n
+    # the correction: row i's signal at its drawn step, scaled by 1/p
+    slot = torch.tensor([mids.index(int(x)) for x in r])
+    s_r = torch.stack([signals[j] for j in mids])[slot, torch.arange(n)]  # (n, ...)
+    shape = (n,) + (1,) * (s_r.ndim - 1)
+    inv_p = (1.0 / probe.p[r]).to(s_r.dtype).reshape(shape)
+    probe_cot = s_r * inv_p
+    for k in range(len(pos)):
+        c = (weights[r, k] / probe.p[r]).to(s_r.dtype).reshape(shape)
+        if bool((c != 0).any()):
+            s_anchor[k] = s_anchor[k] - s_r * c if s_anchor[k] is not None else -s_r * c
+    if variant == "joint":
+        for j in pos:
+            if j not in outputs:
+                outputs[j] = velocity(j)
+                run.stats.forward_calls += 1
+                run.stats.grad_forwards += 1
+        for j in pos:
+            accumulate(j, run.signal(j, outputs[j]))
+        outs = [outputs[j] for j in pos] + [v_probe]
+        cots = [s_anchor[k] for k in range(len(pos))] + [probe_cot]
+        run.backward(outs, [c.to(o.dtype) for c, o in zip(cots, outs)], last=True)
+        del outs, outputs, v_probe
+        return
+    # sequential: the first anchor and the probe now, the other anchors one at a time
+    accumulate(pos[0], run.signal(pos[0], outputs[pos[0]]))
+    v0 = outputs.pop(pos[0])
+    run.backward([v0, v_probe], [s_anchor[0].to(v0.dtype), probe_cot.to(v_probe.dtype)], last=len(pos) == 1)
+    s_anchor[0] = None
+    del v0, v_probe
+    for k in range(1, len(pos)):
+        v = velocity(pos[k])
+        run.stats.grad_forwards += 1
+        run.stats.forward_calls += 1
+        accumulate(pos[k], run.signal(pos[k], v))
+        run.backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
+        s_anchor[k] = None
+        del v
 
 
 def _middle_velocity(run: _GroupRun, velocity: Velocity, middle_velocity: Callable[[int], torch.Tensor | None] | None,

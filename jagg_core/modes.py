@@ -7,7 +7,7 @@ code is docs/architecture.md).
 
 from __future__ import annotations
 
-__all__ = ["BACKWARD_MODES", "EXACT_MODES", "MODES", "VARIANTS"]
+__all__ = ["BACKWARD_MODES", "EXACT_MODES", "MODES", "RANDOM_ANCHOR", "VARIANTS"]
 
 BACKWARD_MODES: dict[str, str] = {
     "exact": "every step forwards with grad and backwards on its own: W forwards, W backwards (the baseline)",
@@ -19,3 +19,5 @@ BACKWARD_MODES: dict[str, str] = {
 MODES: tuple[str, ...] = tuple(BACKWARD_MODES)
 EXACT_MODES: tuple[str, ...] = ("exact", "exact_batched")  # the exact gradient: every group routed, no anchors
 VARIANTS: tuple[str, ...] = ("joint", "sequential")  # of the anchored modes: one backward over all anchors, or one each
+# of the jagg mode: one more anchor drawn at random (unbiased JAGG, jagg.random_anchor): per group, or per image
+RANDOM_ANCHOR: tuple[str, ...] = ("group", "image")

@@ -20,3 +20,16 @@ def test_reuse_and_k_anchors():
     assert ideal_speedup(steps=8, grad_forwards=2 + 4, nograd_forwards=2) == pytest.approx(1.2)
     # measured primitive costs: a no-grad forward cheaper than a with-grad one
     assert update_cost(grad_forwards=2, nograd_forwards=2, f0=0.5, f=1.0, b=3.0) == 2 * 4 + 2 * 0.5
+
+
+def test_a_random_anchor_costs_one_graph_more_and_one_no_grad_forward_less():
+    from jagg_core.cost import group_forwards
+
+    assert group_forwards(8, "jagg", anchors=2, reuse=False, random_anchor=True) == (3, 5)  # what K = 3 costs
+    assert group_forwards(8, "jagg", anchors=2, reuse=True, random_anchor=True) == (3, 0)
+    assert group_forwards(8, "jagg", anchors=3, reuse=False, random_anchor=False) == (3, 5)
+    assert group_forwards(8, "ablate", anchors=2, reuse=False, random_anchor=True) == (2, 6)  # jagg's option only
+    assert group_forwards(2, "jagg", anchors=2, reuse=False, random_anchor=True) == (2, 0)  # no step left to draw
+    assert group_forwards(8, "exact", anchors=2, reuse=False, random_anchor=True) == (8, 0)
+    k, n = group_forwards(8, "jagg", anchors=2, reuse=False, random_anchor=True)
+    assert ideal_speedup(steps=8, grad_forwards=k, nograd_forwards=n) == pytest.approx(24 / 14)

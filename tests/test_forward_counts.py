@@ -53,15 +53,25 @@ class _Tracer:
         return sum(self.get(it, phase, who, grad) for it in range(self.iteration + 1))
 
 
-@pytest.mark.parametrize("method,beta", [("jagg", 0.0), ("jagg", 0.04)])  # ci routes a JAGG and an exact group
+# the unbiased JAGG's random anchor over one group of the 6 steps: 3 graphs, 3 no-grad forwards per image, whether
+# drawn per group or per image (then each middle step is forwarded on the rows that did not draw it)
+RANDOM_ANCHOR_METHODS = {"jagg-u6": {"mode": "jagg", "window": 6, "random_anchor": "group"},
+                         "jagg-ui6": {"mode": "jagg", "window": 6, "random_anchor": "image"}}
+
+
+@pytest.mark.parametrize("method,beta", [("jagg", 0.0), ("jagg", 0.04), ("jagg-u6", 0.0), ("jagg-ui6", 0.0)])
 def test_traced_forwards_match_the_plan_and_kl_ref_runs_at_its_cadence(ci_project, monkeypatch, method, beta):
     """ci: 6 steps in two groups of W = 3 (the first JAGG), 8 images; 3 iterations, kl_ref and the fidelity monitor
     every 2nd (iterations 1 and 3). β = 0: the reference runs only at those iterations, two endpoint steps per group
     and image; β > 0: every iteration, at every trained step (the loss's KL). The planner's per-image counts, times
-    the images and iterations, are the calls the run made."""
+    the images and iterations, are the calls the run made. The random-anchor methods train a ci run through the real
+    trainer with one group of W = 6 (its endpoints still the steps train/kl_ref reads)."""
+    extra = {f"methods.{method}": RANDOM_ANCHOR_METHODS[method]} if method in RANDOM_ANCHOR_METHODS else {}
     params = load_params(ci_project / "params.yaml", "ci", {
         "reward.weights": {"jpeg_compressibility": 1.0}, "train.iterations": 3, "train.kl_ref_every": 2,
-        "train.fidelity_every": 2, "train.beta": beta, "train.checkpoint_every": 3, "train.log_images_every": 0})
+        "train.fidelity_every": 2, "train.beta": beta, "train.checkpoint_every": 3, "train.log_images_every": 0,
+        **extra})
+    groups = 1 if extra else 2
     tracer = _Tracer(monkeypatch)
     res = train(params, method, 0, root=ci_project, progress=False)
     n_it = params.train.iterations
@@ -75,7 +85,7 @@ def test_traced_forwards_match_the_plan_and_kl_ref_runs_at_its_cadence(ci_projec
     per_group = 3 if beta > 0 else 2  # β > 0: every trained step of a group of W = 3; β = 0: its two endpoints
     for it, h in enumerate(res.history):
         ref = tracer.get(it, "update", "reference", "nograd")
-        assert ref == (images * 2 * per_group if it in measured else 0), (it, ref)
+        assert ref == (images * groups * per_group if it in measured else 0), (it, ref)
         assert tracer.get(it, "update", "reference", "grad") == 0  # the reference never records a graph
         assert (("train/kl_ref" in h) and ("time/kl_ref" in h)) == (it in measured), it
         if it in measured:
@@ -95,3 +105,7 @@ def test_traced_forwards_match_the_plan_and_kl_ref_runs_at_its_cadence(ci_projec
     assert tracer.total("fidelity", "reference", "nograd") == pytest.approx(u["monitor_reference"] * total)
     assert u["monitor_runs"] == 2 and tracer.get(1, "fidelity", "policy", "grad") == 0
     assert sum(1 for k in tracer.counts if k[1] == "fidelity") > 0
+    if extra:  # K = 2 and the random anchor: 3 graphs and 3 no-grad forwards per image, the plan's and the run's
+        assert (u["grad"], u["nograd"]) == (3, 3)
+        assert all(h["train/grad_forwards"] == 3 and h["train/backward_calls"] == 1 for h in res.history)
+        assert all(math.isfinite(h["train/loss"]) for h in res.history)

@@ -12,9 +12,11 @@ from jagg_core import (
     aggregate_upstream,
     anchor_positions,
     anchor_weights,
+    draw_random_anchor,
     group_backward,
     interpolation_weights,
     plan_groups,
+    random_anchor_probabilities,
 )
 from velocity_models import (
     AffineVelocity,
@@ -486,3 +488,132 @@ def test_plan_groups_routes_every_group_of_an_exact_mode():
     groups = plan_groups(10, 4, 0.5, mode="exact_batched")
     assert [(g.steps, g.mode) for g in groups] == [((0, 1, 2, 3), "exact_batched"), ((4, 5, 6, 7), "exact_batched"),
                                                     ((8, 9), "exact_batched")]
+
+
+# --- the random anchor: an unbiased JAGG (docs/frontier.md) ------------------------------------------------------
+
+W8_T = [1000.0, 955.0, 880.0, 790.0, 650.0, 520.0, 330.0, 140.0]  # W = 8, uneven
+
+
+def rows_velocity(model, t, zs, calls=None):
+    """``velocity_rows`` for :func:`group_backward`: image ``rows[i]`` at step ``js[i]``, in one model call."""
+    stacked = torch.stack(list(zs))  # (W, B, D)
+
+    def velocity_rows(rows, js):
+        if calls is not None:
+            calls.append((rows.tolist(), js.tolist()))
+        return model(stacked[js, rows], t[js])
+
+    return velocity_rows
+
+
+def w8_problem(seed):
+    model = NonlinearVelocity(seed=seed)
+    t, zs = segment_group(W8_T, batch=6, off_segment=0.4, seed=seed + 1)
+    velocity, step_loss = ppo_problem(model, t, zs, seed=seed + 2)
+    return model, t, zs, velocity, step_loss
+
+
+@pytest.mark.parametrize("law", ["uniform", "alpha", [0, 1.0, 3.0, 0.5, 2.0, 1.0, 4.0, 0]])
+@pytest.mark.parametrize("variant", ["joint", "sequential"])
+@pytest.mark.parametrize("anchor_at", [None, (0, 3, 7)])
+def test_the_random_anchor_averaged_over_its_law_is_the_exact_gradient(law, variant, anchor_at):
+    """Σ_r p_r g_r over every non-anchor step r (one group's draw) is Σ_j J_jᵀ s_j to float64 rounding, whatever the
+    law and the base anchors, while each g_r and JAGG alone are off by percents."""
+    model, t, zs, velocity, step_loss = w8_problem(40)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    pos = (0, 7) if anchor_at is None else anchor_at
+    p = random_anchor_probabilities(t, pos, law)
+    assert float(p.sum()) == pytest.approx(1.0, abs=1e-15) and all(float(p[a]) == 0.0 for a in pos)
+    mean = torch.zeros_like(g_exact)
+    for r in [j for j in range(len(t)) if j not in pos]:
+        g_r, stats = run(model, velocity, step_loss, t, "jagg", variant, anchor_at=anchor_at, random_anchor="group",
+                         random_anchor_p=law, draw=r)
+        assert stats.random_anchor == [r] * 6
+        assert rel_err(g_r, g_exact) > 1e-4  # one draw is not exact
+        mean += float(p[r]) * g_r
+    assert rel_err(mean, g_exact) <= 1e-12
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg", variant, anchor_at=anchor_at)
+    assert rel_err(g_jagg, g_exact) > 1e-3
+
+
+@pytest.mark.parametrize("variant", ["joint", "sequential"])
+def test_per_image_draws_route_each_row_to_its_own_step(variant):
+    """One call with every row at its own drawn step: over the six cyclic draws (row i at middle step (i + m) mod 6)
+    each row meets every step once, so with the uniform law their mean is exact; each call forwards the probe in one
+    call of velocity_rows and every middle step without grad only on the rows that did not draw it."""
+    model, t, zs, velocity, step_loss = w8_problem(50)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    mids = list(range(1, 7))
+    mean = torch.zeros_like(g_exact)
+    for m in range(6):
+        draw = torch.tensor([mids[(i + m) % 6] for i in range(6)])
+        calls = []
+        g, stats = run(model, velocity, step_loss, t, "jagg", variant, random_anchor="image", draw=draw,
+                       velocity_rows=rows_velocity(model, t, zs, calls))
+        assert stats.random_anchor == draw.tolist()
+        assert calls[0] == (list(range(6)), draw.tolist())  # the probe: every row at its own step, one call
+        assert [len(rows) for rows, _ in calls[1:]] == [5] * 6  # each middle step: the five rows that did not draw it
+        assert (stats.grad_forwards, stats.nograd_forwards, stats.backward_calls) == (
+            3, 5, 1 if variant == "joint" else 2)
+        mean += g / 6
+    assert rel_err(mean, g_exact) <= 1e-12
+
+
+def test_a_group_draw_batched_with_the_anchors_is_one_call_and_one_backward():
+    model, t, zs, velocity, step_loss = w8_problem(60)
+    g_ref, _ = run(model, velocity, step_loss, t, "jagg", random_anchor="group", draw=3)
+    calls = []
+    counting = CountingVelocity(velocity)
+    g, stats = run(model, counting, step_loss, t, "jagg", random_anchor="group", draw=3,
+                   velocity_batch=batched_velocity(model, t, zs, calls))
+    assert rel_err(g, g_ref) <= 1e-12
+    assert calls == [(0, 7, 3)]  # the anchors and the drawn step: one call, one graph
+    assert sorted(j for j, _ in counting.calls) == [1, 2, 4, 5, 6]  # the other middle steps, no grad, once each
+    assert (stats.grad_forwards, stats.nograd_forwards, stats.forward_calls, stats.backward_calls) == (3, 5, 6, 1)
+
+
+def test_the_random_anchor_with_reused_velocities_forwards_only_its_graphs():
+    model, t, zs, velocity, step_loss = w8_problem(70)
+    with torch.no_grad():
+        kept = {j: velocity(j) for j in range(len(t))}
+    g_ref, _ = run(model, velocity, step_loss, t, "jagg", random_anchor="group", draw=5)
+    counting = CountingVelocity(velocity)
+    g, stats = run(model, counting, step_loss, t, "jagg", random_anchor="group", draw=5, middle_velocity=kept.get)
+    assert rel_err(g, g_ref) <= 1e-12
+    assert sorted(j for j, _ in counting.calls) == [0, 5, 7]
+    assert (stats.grad_forwards, stats.nograd_forwards, stats.reused_velocities) == (3, 0, 6)
+
+
+def test_random_anchor_draws_follow_their_law_and_are_stratified_per_image():
+    t = torch.tensor(W8_T, dtype=torch.float64)
+    p = random_anchor_probabilities(t, (0, 7), "alpha")
+    alpha = interpolation_weights(t)
+    torch.testing.assert_close(p, alpha * (1 - alpha) / float((alpha * (1 - alpha)).sum()), rtol=0, atol=1e-15)
+    uniform = random_anchor_probabilities(t, (0, 7), "uniform")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):  # 12 rows over 6 steps, stratified: every step exactly twice
+        r = draw_random_anchor(uniform, 12, "image", g)
+        assert sorted(r.tolist()) == sorted([1, 2, 3, 4, 5, 6] * 2)
+    counts = torch.zeros(8)  # one row's marginal is the law: row 0 over 6000 draws
+    for _ in range(6000):
+        counts[int(draw_random_anchor(p, 5, "image", g)[0])] += 1
+    assert float((counts / 6000 - p.float()).abs().max()) < 0.02
+    group = draw_random_anchor(p, 5, "group", g)
+    assert len(set(group.tolist())) == 1
+    same = [draw_random_anchor(p, 9, "image", torch.Generator().manual_seed(3)).tolist() for _ in range(2)]
+    assert same[0] == same[1]  # a seeded generator draws the same steps (a resumed run)
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"random_anchor": "image"}, "needs velocity_rows"),
+    ({"random_anchor": "step"}, "random_anchor must be"),
+    ({"random_anchor": "group", "random_anchor_p": [1, 1, 0, 1, 1, 1, 1, 1]}, "positive random anchor weight"),
+    ({"random_anchor": "group", "random_anchor_p": "sqrt"}, "'uniform', 'alpha'"),
+    ({"anchor_at": (1, 4, 7)}, "anchor_at must increase strictly from 0"),
+    ({"random_anchor": "group", "draw": 7}, "not an anchor"),
+])
+def test_bad_random_anchor_options_are_one_sentence(bad, words):
+    model, t, zs, velocity, step_loss = w8_problem(80)
+    with pytest.raises(ValueError, match=words):
+        run(model, velocity, step_loss, t, "jagg", **bad)

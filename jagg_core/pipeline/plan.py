@@ -94,7 +94,8 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
     keep = max(1, round(sample.group_fraction * len(groups))) / len(groups)
     grad = nograd = reference = kl_ref = 0.0
     for g in groups:
-        k, n = group_forwards(len(g.steps), g.mode, anchors=method.anchors, reuse=method.reuse_rollout_velocity)
+        k, n = group_forwards(len(g.steps), g.mode, anchors=method.anchor_count, reuse=method.reuse_rollout_velocity,
+                              random_anchor=method.random_anchor is not None)
         grad, nograd = grad + k, nograd + n
         reference += len(g.steps) if train.beta > 0 else 0
         kl_ref += min(2, len(g.steps)) if train.beta == 0 and train.kl_ref else 0
@@ -241,7 +242,9 @@ def _method_rows(params: Params, names: tuple[str, ...], *, f: float, b: float, 
         diagnostics = images * ((units["kl_ref"] + units["monitor_nograd"] + units["monitor_reference"]) * f
                                 + units["monitor_grad"] * (f + b))
         graphs = (m.window if m.mode == "exact_batched"  # every step's graph alive at once
-                  else 1 if m.mode == "exact" or m.variant == "sequential" else min(m.anchors, m.window))
+                  else 1 if m.mode == "exact" else 2 if m.variant == "sequential" and m.random_anchor
+                  else 1 if m.variant == "sequential"
+                  else m.anchor_count + (1 if m.random_anchor and m.mode == "jagg" else 0))
         row = {"method": name, "mode": m.mode, "variant": m.variant, "window": m.window, "jagg_frac": m.jagg_frac,
                "grad_forwards_per_image": units["grad"], "nograd_forwards_per_image": units["nograd"],
                "reference_forwards_per_image": units["reference"] + units["kl_ref"], "forwards": units,

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import UserError
-from ..modes import MODES, VARIANTS
+from ..modes import MODES, RANDOM_ANCHOR, VARIANTS
 from .options import Count, Number, Section
 from .paths import inside
 from .redact import holds_secret, redact, remember
@@ -221,6 +221,29 @@ class TrainConfig(Section):
         return v
 
 
+def check_anchors(window: int, anchors: int, anchor_at: list[int] | None, random_anchor: str | None,
+                  random_anchor_p: str | list[float]) -> None:
+    """The anchor settings of one group fit its window (the algorithm's own rules, said before any work)."""
+    if anchor_at is not None:
+        if len(anchor_at) < 2 or anchor_at[0] != 0 or anchor_at[-1] != window - 1 or any(
+                b <= a for a, b in zip(anchor_at, anchor_at[1:])):
+            raise ValueError(f"anchor_at must increase strictly from 0 to the window's last step ({window - 1}), "
+                             f"got {anchor_at}")
+    elif anchors > window:
+        raise ValueError(f"anchors ({anchors}) cannot exceed the window ({window})")
+    k = len(anchor_at) if anchor_at is not None else anchors
+    if random_anchor is not None and k >= window:
+        raise ValueError(f"random_anchor needs a step that is not an anchor; {k} anchors fill the window of {window}")
+    if isinstance(random_anchor_p, list):
+        if len(random_anchor_p) != window:
+            raise ValueError(f"random_anchor_p must give one weight per step of the window ({window}), "
+                             f"got {len(random_anchor_p)}")
+        pos = set(anchor_at) if anchor_at is not None else {round(i * (window - 1) / (k - 1)) for i in range(k)}
+        if any(w <= 0 for j, w in enumerate(random_anchor_p) if j not in pos):
+            raise ValueError(f"random_anchor_p must be positive at every step that is not an anchor (a step never "
+                             f"drawn keeps its error: not unbiased), got {random_anchor_p}")
+
+
 class JaggConfig(Section):
     window: int = Field(4, ge=2, description="W: consecutive steps per group")
     jagg_frac: JaggFrac = Field(
@@ -228,16 +251,28 @@ class JaggConfig(Section):
     )
     variant: Literal[VARIANTS] = Field("joint", description="one joint backward or one per anchor")
     anchors: int = Field(2, ge=2, description="K anchors per group (2 = the paper's JAGG, W = exact)")
+    anchor_at: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None, description="the anchors' positions in a group (0 and W - 1 included) instead of K evenly spread")
+    random_anchor: Literal[RANDOM_ANCHOR] | None = Field(
+        None, description="one more anchor drawn at random per group or per image, which makes JAGG unbiased "
+                          "(docs/frontier.md); none = the deterministic interpolation")
+    random_anchor_p: Literal["uniform", "alpha"] | list[Annotated[float, Field(ge=0)]] = Field(
+        "uniform", description="the random anchor's law over the non-anchor steps: uniform, alpha (∝ α(1 − α)), or "
+                               "one weight per step of the group")
     auto_threshold: float = Field(0.5, ge=-1, le=1, description="jagg_frac 'auto': cosine threshold")
     auto_every: int = Field(0, ge=0, description="jagg_frac 'auto': re-estimate every N iterations; 0 = at start")
     reuse_rollout_velocity: bool = Field(
         False, description="take middle-step velocities from the rollout while the policy is unchanged"
     )
 
+    @property
+    def anchor_count(self) -> int:
+        """K: the anchors a group keeps graphs for (``anchor_at``'s, else ``anchors``), the random anchor not counted."""
+        return len(self.anchor_at) if self.anchor_at is not None else min(self.anchors, self.window)
+
     @model_validator(mode="after")
     def _anchors_fit(self) -> "JaggConfig":
-        if self.anchors > self.window:
-            raise ValueError(f"anchors ({self.anchors}) cannot exceed the window ({self.window})")
+        check_anchors(self.window, self.anchors, self.anchor_at, self.random_anchor, self.random_anchor_p)
         return self
 
 
@@ -252,6 +287,10 @@ class MethodConfig(Section):
     jagg_frac: JaggFrac = Field(None, description="override jagg.jagg_frac")
     variant: Literal[VARIANTS] | None = Field(None, description="override jagg.variant")
     anchors: int | None = Field(None, ge=2, description="override jagg.anchors")
+    anchor_at: list[Annotated[int, Field(ge=0)]] | None = Field(None, description="override jagg.anchor_at")
+    random_anchor: Literal[RANDOM_ANCHOR] | None = Field(None, description="override jagg.random_anchor")
+    random_anchor_p: Literal["uniform", "alpha"] | list[Annotated[float, Field(ge=0)]] | None = Field(
+        None, description="override jagg.random_anchor_p")
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
 
 
@@ -514,10 +553,11 @@ class Params(Section):
             if name not in self.methods:
                 raise ValueError(f"resources.cuda_visible_devices names {name!r}, which is not defined under methods")
         for name, m in self.methods.items():
-            window = m.window or self.jagg.window
-            anchors = m.anchors or self.jagg.anchors
-            if anchors > window:
-                raise ValueError(f"methods.{name}: anchors ({anchors}) cannot exceed the window ({window})")
+            r = self.method(name)
+            try:
+                check_anchors(r.window, r.anchors, r.anchor_at, r.random_anchor, r.random_anchor_p)
+            except ValueError as e:
+                raise ValueError(f"methods.{name}: {e}") from None
         if self.resources.dispatch == "pool" and local_store(self.tracking.mlflow_uri):
             raise ValueError(f"resources.dispatch = pool needs tracking.mlflow_uri to be an MLflow server every worker "
                              f"reaches (e.g. http://<head host>:5000), not {self.tracking.mlflow_uri!r}, a file each "

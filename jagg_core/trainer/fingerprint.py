@@ -14,7 +14,7 @@ from pathlib import Path
 from ..setup.config import Params
 from ..setup.registry import reward_spec
 from ..setup.paths import Layout
-from ..setup.storage import base_model_digest
+from ..setup.storage import PromptFileError, base_model_digest, file_sha256
 
 __all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 
@@ -34,13 +34,22 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
         "base_model": base_model_digest(layout.base_model, params.model.path),  # its weights, not its card
         "sample": params.sample.model_dump(mode="json"),
         "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
-        "method": params.method(method).model_dump(mode="json"),
+        "method": _method(params, method),
         # reward.frames at its default ("all") is left out: fingerprints from before the field existed still match.
         "reward": _reward(params),
         "prompts": _digest(layout.train_prompts),
         "seed": seed,
     }
     return hashlib.sha256(json.dumps(tree, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# jagg settings added after runs were fingerprinted, left out at their defaults so those runs' fingerprints still match
+_NEW_METHOD_DEFAULTS = {"anchor_at": None, "random_anchor": None, "random_anchor_p": "uniform"}
+
+
+def _method(params: Params, method: str) -> dict:
+    tree = params.method(method).model_dump(mode="json")
+    return {k: v for k, v in tree.items() if k not in _NEW_METHOD_DEFAULTS or v != _NEW_METHOD_DEFAULTS[k]}
 
 
 def _reward(params: Params) -> dict:
@@ -56,4 +65,4 @@ def _reward(params: Params) -> dict:
 
 
 def _digest(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+    return file_sha256(path, PromptFileError, fix="regenerate it with `jagg prepare`")[:16] if path.exists() else None

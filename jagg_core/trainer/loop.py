@@ -264,6 +264,8 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     skipped = 0
     grad_norms: list[float] = []
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
+    # the random anchors' draws (jagg.random_anchor): a stream per iteration and process, so a resumed run draws alike
+    anchor_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -4, r.accelerator.process_index))
     fraction = sample.group_fraction
     # train/kl_ref at β = 0 is a diagnostic: measured every train.kl_ref_every iterations (and at the first); at β > 0
     # the loss's own KL, computed at every trained step anyway, is logged every iteration
@@ -277,7 +279,7 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
             r.sync.start_step()
             if len(chunk) and finite:
                 ustats.add(accumulate_gradients(ctx, traj, advantages, chunk, groups, reuse=reuse,
-                                                measure_kl_ref=kl_now))
+                                                measure_kl_ref=kl_now, generator=anchor_gen))
             TRAINER_FAULTS.after_backward(r.trainable, step)
             t1 = time.perf_counter()
             r.sync.reduce(r.trainable)

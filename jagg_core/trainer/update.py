@@ -27,7 +27,8 @@ from ..sde import sde_step_with_logprob
 from .distributed import GradSync, NoSync
 from .rollout import Trajectory
 
-__all__ = ["ImageSteps", "UpdateContext", "UpdateStats", "accumulate_gradients", "trajectory_fidelity"]
+__all__ = ["ImageSteps", "UpdateContext", "UpdateStats", "accumulate_gradients", "anchor_options",
+           "trajectory_fidelity"]
 
 
 def _clock(like: torch.Tensor) -> float:
@@ -118,6 +119,15 @@ class ImageSteps:
             v = self.ctx.policy.velocity(torch.cat(zs), torch.cat(ts), type(self.embeds).cat([self.embeds] * len(js)))
         return list(v.split(self.n))
 
+    def velocity_rows(self, rows: torch.Tensor, js: torch.Tensor) -> torch.Tensor:
+        """v of the images ``rows`` (indices into this object's images), each at its own group step ``js[i]``: the
+        random anchor's per-image forward (``jagg.random_anchor: image``)."""
+        steps = torch.as_tensor(self.steps, dtype=torch.int64)[js]
+        z = self.latents[rows, steps].to(self.device)
+        t = self.traj.timesteps[steps].to(self.device, torch.float32)
+        with self.ctx.autocast():
+            return self.ctx.policy.velocity(z, t, self.embeds[rows])
+
     def middle_velocity(self, j: int) -> torch.Tensor | None:
         v = self.traj.velocities.get(self.steps[j]) if self.reuse else None
         return None if v is None else v[self.images].to(self.device)
@@ -164,6 +174,8 @@ def accumulate_gradients(
     *,
     reuse: bool,
     measure_kl_ref: bool = True,
+    generator: torch.Generator | None = None,
+    draw: int | None = None,
 ) -> UpdateStats:
     """Backward of every group over this process's image ``rows`` (one optimizer step's chunk), in micro-batches.
 
@@ -174,6 +186,9 @@ def accumulate_gradients(
 
     Each step loss is scaled by ``len(mb) / len(rows) / n_steps``: the accumulated gradient is that of the mean over
     the rows and the trained steps; the gradient sync then averages processes (which hold equally many rows).
+
+    ``generator`` draws the method's random anchors (``jagg.random_anchor``), group after group in order; ``draw``
+    fixes every group's drawn step instead (the fidelity study, which enumerates them).
     """
     method, train, sync = ctx.method, ctx.train, ctx.sync
     stats = UpdateStats()
@@ -187,10 +202,25 @@ def accumulate_gradients(
             sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
             steps = ImageSteps(ctx, traj, mb, advantages, g.steps, scale=len(mb) / local / n_steps, kl_ref=kl_ref,
                                reuse=reuse)
-            stats.add(run_group(steps, traj.timesteps[list(g.steps)], g.mode, method.variant, anchors=method.anchors))
+            stats.add(run_group(steps, traj.timesteps[list(g.steps)], g.mode, method.variant, anchors=method.anchors,
+                                **anchor_options(method, generator, draw)))
             kl_seconds += steps.kl_ref_seconds
     stats.kl_ref_seconds = kl_seconds
     return stats
+
+
+def anchor_options(method: ResolvedMethod, generator: torch.Generator | None = None,
+                   draw: int | None = None) -> dict:
+    """:func:`jagg_core.group_backward`'s anchor options of ``method`` beyond K: placed anchors and the random anchor
+    (none at their defaults, so the call is the one it always was)."""
+    out: dict = {}
+    if method.anchor_at is not None:
+        out["anchor_at"] = tuple(method.anchor_at)
+    if method.random_anchor is not None:
+        out.update(random_anchor=method.random_anchor, random_anchor_p=method.random_anchor_p, generator=generator)
+        if draw is not None:
+            out["draw"] = draw
+    return out
 
 
 def trajectory_fidelity(ctx: UpdateContext, traj: Trajectory, advantages: torch.Tensor,
