@@ -9,6 +9,8 @@ transformer. `--profile NAME` benchmarks that profile's real policy instead (its
 flux/sd3/qwenimage). Each model writes `<out>/<timestamp>-<model>.json` and an MLflow run in the `jagg-bench`
 experiment; `--write-docs` renders all models of the run into one markdown page. The defaults take a few minutes
 for `toy` and about an hour for `large` on 2 CPU cores (run it on a quiet machine: other work distorts the times).
+Each timed round is kept in `<out>/rounds/<model>/` as it ends, with its ratio and the time left printed; a rerun
+with the same settings on the same machine continues after the last kept round (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from jagg_core.bench import BUILTIN_MODELS, BenchConfig, BenchError, model_spec, profile_spec, run_bench, save_result
+from jagg_core.bench import (BUILTIN_MODELS, BenchConfig, BenchError, discard_rounds, model_spec, profile_spec,
+                             run_bench, save_result)
 from jagg_core.setup.config import Params
 
 from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
@@ -109,8 +112,11 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     tracker = _tracker(params, root) if mlflow else None  # a store that cannot be opened fails before the work
     results, paths = [], []
     for spec in specs:
-        result = run_bench(spec, cfg, progress=log.info if progress else None)
+        rounds = out_dir / "rounds" / spec.name  # each timed round as it ends; a rerun continues from them
+        result = run_bench(spec, cfg, progress=log.info if progress else None,
+                           bar=progress and sys.stderr.isatty(), rounds_dir=rounds)
         path = save_result(result, out_dir)
+        discard_rounds(rounds)  # the result holds them: a finished bench reruns afresh
         log.info("bench %s: %s", spec.name, path)
         if tracker is not None:
             _log_mlflow(tracker, result, path, sweep)

@@ -5,6 +5,8 @@
 - :mod:`.timing`: interleaved timing, the cost model's ideal from measured costs, gradient fidelity per K.
 - :mod:`.memory`: peak memory per variant, one process each.
 - :mod:`.comm`: all-reduces (``AllReduceSync``) and FSDP2 all-gathers in backward, with 2 gloo processes.
+- :mod:`.rounds`: each timed round kept on disk as it ends, so that a stopped bench continues from them.
+- :mod:`.progress`: which round, method and window the timing is in, and the time left (tqdm).
 - :mod:`.run`: one model's whole run as a JSON dict.
 
 ``tasks/bench.py`` is the command; ``jagg_core/pipeline/bench_docs.py`` writes docs/benchmarks.md from its results.
@@ -12,6 +14,7 @@
 
 from .models import (BENCH_METHODS, BUILTIN_MODELS, BenchError, ModelSpec, bench_method, build_policy, make_experience,
                      model_spec, profile_spec)
+from .rounds import RoundStore, discard_rounds
 from .run import BenchConfig, machine_info, run_bench, save_result
 
 __all__ = [
@@ -19,9 +22,11 @@ __all__ = [
     "BenchConfig",
     "BenchError",
     "ModelSpec",
+    "RoundStore",
     "BENCH_METHODS",
     "bench_method",
     "build_policy",
+    "discard_rounds",
     "machine_info",
     "make_experience",
     "model_spec",

@@ -21,13 +21,14 @@ from typing import Callable
 import torch
 
 from .models import BenchError, ModelSpec, bench_method, build_policy, fits, make_experience
-from .timing import (call_cost, call_cost_model, fidelity_by_anchors, ideal_cost, plan_cells, textbook_speedup,
-                     time_cells)
+from .timing import (ROUND_PRIMITIVES, call_cost, call_cost_model, fidelity_by_anchors, ideal_cost, plan_cells,
+                     textbook_speedup, time_cells)
 from .comm import measure_comm
 from .memory import measure_memory
+from .rounds import RoundStore
 from ..setup.storage import atomic_write_text
 
-__all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "MEMORY_VARIANTS", "SCHEMA"]
+__all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "round_settings", "MEMORY_VARIANTS", "SCHEMA"]
 
 SCHEMA = 2  # 2: batched primitives, rollout and optimizer step, the per-call cost model, the iteration
 MEMORY_VARIANTS = ("exact", "jagg-joint", "jagg-sequential", "ablate", "jagg-reuse")
@@ -166,8 +167,13 @@ def _iteration(cells: list[dict], prim: dict, steps: int) -> dict:
     return {"rollout_steps": steps, "breakdown": breakdown, "mix_grpo": mix}
 
 
-def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], None] | None = None) -> dict:
-    """The whole benchmark of one model (see the module docstring); nothing is written.
+def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], None] | None = None,
+              bar: bool = False, rounds_dir: str | Path | None = None) -> dict:
+    """The whole benchmark of one model (see the module docstring).
+
+    ``rounds_dir``: where each timed round is kept as it ends (:mod:`.rounds`); the rounds kept there for the same
+    settings are not timed again. Nothing else is written. ``bar``: the timed rounds' progress as a tqdm bar (on a
+    terminal), else as lines through ``progress``.
 
     Runs with ``cfg.threads`` torch threads and gives the caller's thread count back afterwards (a process-wide
     setting: a caller that trains next must not inherit it).
@@ -176,12 +182,34 @@ def run_bench(spec: ModelSpec, cfg: BenchConfig, *, progress: Callable[[str], No
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
     try:
-        return _run_bench(spec, cfg, progress)
+        return _run_bench(spec, cfg, progress, bar, rounds_dir)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None] | None) -> dict:
+def round_settings(spec: ModelSpec, cfg: BenchConfig, machine: dict) -> dict:
+    """What a kept round was timed with (:mod:`.rounds`): the settings a round's times depend on, the model and the
+    machine (its load left out); not ``repeats``, the memory probes or the communication counts."""
+    model = spec.to_json()
+    if spec.kind == "profile" and spec.params_path and Path(spec.params_path).is_file():
+        import hashlib
+
+        model["params_sha256"] = hashlib.sha256(Path(spec.params_path).read_bytes()).hexdigest()
+    timing = {k: v for k, v in asdict(cfg).items() if k not in ("repeats", "memory", "comm")}
+    return {"timing": timing, "model": model,
+            "machine": {k: v for k, v in machine.items() if not k.startswith("loadavg")}}
+
+
+def _round_line(record: dict, cfg: BenchConfig, path: Path | None) -> str:
+    """A finished round's ratio: the default variant (jagg-joint, the largest jagg_frac) over exact, per W."""
+    secs, frac = record["seconds"], max(cfg.fracs)
+    ratios = ", ".join(f"W {w} {secs['exact'] / secs[k]:.2f}×" for w in cfg.windows
+                       if (k := f"jagg-joint/W{w}/frac{frac:g}") in secs and secs[k] > 0)
+    return f"jagg-joint over exact this round: {ratios}" + (f"; kept in {path}" if path else "")
+
+
+def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None] | None, bar: bool,
+               rounds_dir: str | Path | None) -> dict:
     say = progress or (lambda msg: None)
     torch.manual_seed(cfg.seed)
     created = _dt.datetime.now().astimezone()
@@ -194,10 +222,22 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
     say(f"{spec.name}: {n_params / 1e6:.2f} M trainable parameters, latent {tuple(policy.latent_shape())}, "
         f"{cfg.steps} steps, batch {cfg.batch}, {cfg.threads} thread(s)")
 
-    # Timing, interleaved, then the cost model.
+    # Timing, interleaved (each round kept as it ends), then the cost model.
     w_max = max(cfg.windows)
-    cells, prim = time_cells(policy, exp, plan_cells(cfg.windows, cfg.fracs, cfg.anchors), repeats=cfg.repeats,
-                             seed=cfg.seed, progress=lambda m: say(f"{spec.name}: timing {m}"))
+    plan = plan_cells(cfg.windows, cfg.fracs, cfg.anchors)
+    store = (RoundStore(rounds_dir, round_settings(spec, cfg, machine), name=spec.name, say=say)
+             if rounds_dir is not None else None)
+    kept = store.open([c.key for c in plan], ROUND_PRIMITIVES) if store else []
+    try:
+        def on_round(number: int, record: dict) -> str:
+            return _round_line(record, cfg, store.save(number, record) if store else None)
+
+        cells, prim = time_cells(policy, exp, plan, repeats=cfg.repeats, seed=cfg.seed,
+                                 progress=lambda m: say(f"{spec.name}: timing {m}"), kept=kept, on_round=on_round,
+                                 bar=bar, name=spec.name)
+    finally:
+        if store:
+            store.close()
     cost_model = _analyse(cells, prim, cfg.steps)
     iteration = _iteration(cells, prim, cfg.steps)
 
@@ -242,6 +282,7 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
                   "weights": "random" if spec.kind == "builtin" else "profile"},
         "config": {**asdict(cfg), "anchors": list(cfg.anchors)},
         "machine": machine,
+        "resumed_rounds": min(len(kept), cfg.repeats),  # timed rounds read back from a stopped run of the same settings
         "primitives": prim,
         "cost_model": cost_model,
         "cells": cells,

@@ -115,14 +115,23 @@ PRIMITIVES = ("forward_nograd", "forward_grad", "backward", "forward_grad_batche
 
 
 def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeats: int, seed: int,
-               progress: Callable[[str], None] | None = None) -> tuple[list[dict], dict]:
+               progress: Callable[[str], None] | None = None, kept: Sequence[dict] = (),
+               on_round: Callable[[int, dict], str | None] | None = None, bar: bool = False,
+               name: str = "bench") -> tuple[list[dict], dict]:
     """Warm up and count once per cell (group by group), then ``repeats`` shuffled rounds of timed updates.
+
+    ``kept``: rounds already timed (what ``on_round`` was given, e.g. read back from disk by
+    :class:`~jagg_core.bench.rounds.RoundStore`): they are not timed again, and the rounds after them run in the
+    order an uninterrupted run gives them. ``on_round(number, record)`` is called as each round ends (1-based; its
+    seconds per cell and primitive); what it returns is added to the round's progress line. ``bar``: a tqdm bar
+    (on a terminal), else progress lines through ``progress``.
 
     Returns (one dict per cell: groups, per-group counts, totals, time; the primitive costs f0, f, b).
     """
     timer = _CellTimer(policy, exp, n_batched=max(c.window for c in cells), seed=seed)
-    timer.warm_up(cells, progress)
-    prim = timer.timed_rounds(cells, repeats, progress)
+    weights = timer.warm_up(cells, progress)
+    prim = timer.timed_rounds(cells, repeats, progress, kept=kept[:repeats], on_round=on_round, bar=bar,
+                              weights=weights, name=name)
     out = []
     for cell in cells:
         res = timer.results[cell.key]
@@ -133,6 +142,10 @@ def time_cells(policy: Policy, exp: Experience, cells: Sequence[Cell], *, repeat
     out_prim = {k: summarize(x) for k, x in prim.items()}
     out_prim["batched_steps"] = timer.n_batched
     return out, out_prim
+
+
+ROUND_PIECES = ("primitives", "rollout", "optimizer")  # what a round times besides the cells
+ROUND_PRIMITIVES = (*PRIMITIVES, "rollout", "optimizer_step")  # what a round records besides the cells
 
 
 class _CellTimer:
@@ -174,12 +187,16 @@ class _CellTimer:
         zero_grads(self.policy)
         return out
 
-    def warm_up(self, cells: Sequence[Cell], progress: Callable[[str], None] | None) -> None:
-        """Each group once on its own, which also gives the per-group counts from GroupStats."""
-        self.primitives()
-        self.rollout_once()
-        self.optimizer_once()
+    def warm_up(self, cells: Sequence[Cell], progress: Callable[[str], None] | None) -> dict[str, float]:
+        """Each group once on its own, which also gives the per-group counts from GroupStats. Returns each piece's
+        seconds (what the progress estimate weighs a piece of a round by)."""
+        seconds = {}
+        for key, run in zip(ROUND_PIECES, (self.primitives, self.rollout_once, self.optimizer_once)):
+            t0 = time.perf_counter()
+            run()
+            seconds[key] = time.perf_counter() - t0
         for i, cell in enumerate(cells):
+            t0 = time.perf_counter()
             m = bench_method(cell.variant, cell.window, 1.0 if cell.jagg_frac is None else cell.jagg_frac)
             groups = update_groups(self.exp, m)
             self.plans[cell.key] = (m, groups)
@@ -192,40 +209,75 @@ class _CellTimer:
                                       "anchors": m.anchors, "reuse": m.reuse_rollout_velocity,
                                       "window": cell.window, "jagg_frac": cell.jagg_frac, "per_group": per_group,
                                       "samples": [], "backward_seconds": []}
+            seconds[cell.key] = time.perf_counter() - t0
             if progress:
                 progress(f"warm-up {i + 1}/{len(cells)} {cell.key}")
+        return seconds
 
-    def timed_rounds(self, cells: Sequence[Cell], repeats: int,
-                     progress: Callable[[str], None] | None) -> dict[str, list[float]]:
-        """Every cell, the primitives, a rollout and an optimizer step once per round, in a shuffled order."""
+    def timed_rounds(self, cells: Sequence[Cell], repeats: int, progress: Callable[[str], None] | None, *,
+                     kept: Sequence[dict] = (), on_round: Callable[[int, dict], str | None] | None = None,
+                     bar: bool = False, weights: dict[str, float] | None = None,
+                     name: str = "bench") -> dict[str, list[float]]:
+        """Every cell, the primitives, a rollout and an optimizer step once per round, in a shuffled order; the
+        ``kept`` rounds taken as they were recorded (their shuffles drawn all the same: the later rounds' order is
+        that of a run never stopped)."""
+        from .progress import RoundsProgress, piece_label
+
         rng = random.Random(self.seed)
-        prim: dict[str, list[float]] = {name: [] for name in (*PRIMITIVES, "rollout", "optimizer_step")}
-        for r in range(repeats):
-            order = [c.key for c in cells] + ["primitives", "rollout", "optimizer"]
-            rng.shuffle(order)
-            for key in order:
-                if key == "primitives":
-                    for name, x in zip(PRIMITIVES, self.primitives()):
-                        prim[name].append(x)
-                elif key == "rollout":
-                    prim["rollout"].append(self.rollout_once())
-                elif key == "optimizer":
-                    prim["optimizer_step"].append(self.optimizer_once())
-                else:
-                    self._time_update(key)
-            zero_grads(self.policy)
-            if progress:
-                progress(f"round {r + 1}/{repeats}")
+        prim: dict[str, list[float]] = {p: [] for p in ROUND_PRIMITIVES}
+        meter = None
+        if len(kept) < repeats:
+            meter = RoundsProgress(name, weights or {}, repeats=repeats, done=len(kept), bar=bar, say=progress)
+        try:
+            for r in range(repeats):
+                order = [c.key for c in cells] + list(ROUND_PIECES)
+                rng.shuffle(order)
+                if r < len(kept):
+                    self._restore(kept[r], prim)
+                    continue
+                record: dict[str, dict] = {"seconds": {}, "backward_seconds": {}, "totals": {}, "primitives": {}}
+                t_round = time.perf_counter()
+                for key in order:
+                    meter.piece(r + 1, piece_label(key))
+                    if key == "primitives":
+                        record["primitives"].update(zip(PRIMITIVES, self.primitives()))
+                    elif key == "rollout":
+                        record["primitives"]["rollout"] = self.rollout_once()
+                    elif key == "optimizer":
+                        record["primitives"]["optimizer_step"] = self.optimizer_once()
+                    else:
+                        t, bwd, totals = self._time_update(key)
+                        record["seconds"][key], record["backward_seconds"][key] = t, bwd
+                        record["totals"][key] = totals
+                    meter.done(key)
+                zero_grads(self.policy)
+                record["wall_seconds"] = time.perf_counter() - t_round
+                self._restore(record, prim)
+                said = on_round(r + 1, record) if on_round else None
+                if progress:
+                    progress(f"round {r + 1}/{repeats} done in {record['wall_seconds']:.1f} s"
+                             + (f" ({said})" if said else "") + f", about {meter.remaining()} left")
+        finally:
+            if meter is not None:
+                meter.close()
         return prim
 
-    def _time_update(self, key: str) -> None:
+    def _restore(self, record: dict, prim: dict[str, list[float]]) -> None:
+        """One round's record into the samples (a kept round's, or the one just timed)."""
+        for name in ROUND_PRIMITIVES:
+            prim[name].append(record["primitives"][name])
+        for key, res in self.results.items():
+            res["samples"].append(record["seconds"][key])
+            res["backward_seconds"].append(record["backward_seconds"][key])
+            res["totals"] = dict(record["totals"][key])
+
+    def _time_update(self, key: str) -> tuple[float, float, dict[str, int]]:
+        """One timed update of a cell: (seconds, backward seconds, counts)."""
         m, groups = self.plans[key]
         zero_grads(self.policy)
         t0 = _clock(self.dev)
         stats = run_update(self.policy, self.exp, m, groups)
-        self.results[key]["samples"].append(_clock(self.dev) - t0)
-        self.results[key]["backward_seconds"].append(stats.backward_seconds)
-        self.results[key]["totals"] = _counts(stats)
+        return _clock(self.dev) - t0, stats.backward_seconds, _counts(stats)
 
 
 def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, f: float, b: float) -> float:
@@ -233,7 +285,8 @@ def ideal_cost(per_group: Sequence[dict], method: ResolvedMethod, *, f0: float, 
     middle forwards dropped with reuse."""
     total = 0.0
     for g in per_group:
-        k, nograd = group_forwards(g["steps"], g["mode"], anchors=method.anchors, reuse=method.reuse_rollout_velocity)
+        k, nograd = group_forwards(g["steps"], g["mode"], anchors=method.anchor_count,
+                                   reuse=method.reuse_rollout_velocity, random_anchor=method.random_anchor is not None)
         total += update_cost(grad_forwards=k, nograd_forwards=nograd, f0=f0, f=f, b=b)
     return total
 
