@@ -70,7 +70,7 @@ def test_json_structure(tiny):
                     "### Peak memory", "### Communication", "| any | — | exact |", "## Reproduce",
                     "### Batched forwards vs fewer backward passes", "### The whole iteration",
                     "#### MixGRPO's sliding window as one JAGG group", "measured/ideal (per call)",
-                    "](bench/iteration-toy.png)"):
+                    "](bench/iteration-toy.png)", "**A stopped bench continues.**"):
         assert heading in docs
     assert "jagg bench --model toy --windows" in docs and "--write-docs docs/benchmarks.md" in docs
     assert "Settings: a stored rollout of" in docs

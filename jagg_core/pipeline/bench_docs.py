@@ -221,6 +221,25 @@ def _comm(r: dict) -> list[str]:
     ]
 
 
+# Where the timed rounds are kept and how a rerun continues (jagg_core/bench/rounds.py).
+RESUME_NOTE = [
+    ("**A stopped bench continues.** Each timed round is written (atomically) to "
+     "`bench/rounds/<model>/round-NNN.json` (under `--out`) the moment it ends, beside `settings.json`: what a round's "
+     "times depend on, the timing settings (windows, fracs, batch, steps, threads, seed), the model and "
+     "the machine (CPU, cores, torch and Python versions, device; not its load). Each round's log line "
+     "gives jagg-joint's speedup over exact in that round; a progress line (a tqdm bar on a terminal, "
+     "elsewhere a log line every 30 s) names the round, the method and window being timed and tqdm's "
+     "estimate of the time left in the timed rounds. A rerun of the same command on the same machine, "
+     "after Ctrl-C, a kill or a crash, warms up again (untimed), reads the kept rounds back and times only "
+     "the others, in the order an unbroken run gives them: its JSON is the one an unbroken run writes, "
+     "with `resumed_rounds` saying how many were read back. Other settings start fresh and say so in one "
+     "line; `--repeats`, `--no-memory` and `--no-comm` are not settings of a round (a larger `--repeats` "
+     "adds to the kept rounds). A model's rounds are deleted once its JSON is saved. Gradient fidelity, "
+     "the memory probes and the communication counts follow the timing and are not kept: a bench stopped "
+     "during them redoes them, not the rounds."),
+    "",
+]
+
 # Why the benchmark's exact-batched gain is not the trainer's (issue 35): measured by hand, kept verbatim when the
 # page is regenerated (the bench's own tables above it are rewritten).
 BATCHING_NOTE = [
@@ -318,7 +337,7 @@ def render_markdown(results: Sequence[dict], figures: dict[str, str] | None = No
     lines += [*BATCHING_NOTE, "## Reproduce", "", "```bash", cmd, "```", "",
               "A real backbone on a GPU: `jagg bench --profile flux --write-docs docs/benchmarks-flux.md` (the "
               "profile's policy from its weights; communication is counted on the built-in models only).", "",
-              *smoke_section()]
+              *RESUME_NOTE, *smoke_section()]
     return "\n".join(lines)
 
 
