@@ -20,7 +20,13 @@ from ..errors import UserError
 __all__ = [
     "FolderLock",
     "MAX_READ_BYTES",
+    "append_bytes",
+    "file_sha256",
+    "open_append",
+    "open_lock_file",
+    "read_head",
     "read_regular",
+    "read_text",
     "read_score_records",
     "json_lines",
     "finite_json",
@@ -73,7 +79,7 @@ class FolderLock:
         import socket
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(self.path, LockedError, fix="remove it, then run again")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -96,6 +102,63 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _open_regular(path: Path, flags: int, error: type[Exception], fix: str, create_mode: int = 0o666) -> int:
+    """A descriptor of the regular file ``path`` opened with ``flags`` and never through a link at ``path`` itself
+    (``O_NOFOLLOW``), never blocking (``O_NONBLOCK``: a FIFO there is refused, not waited on), checked on the open
+    descriptor (``fstat``: a device, a FIFO, a socket or a folder is refused), else one ``error`` sentence."""
+    import errno
+    import stat
+
+    tail = f"; {fix}" if fix else ""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, create_mode)
+    except FileNotFoundError:
+        raise error(f"{path} does not exist{tail}.") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder, not a file{tail}.") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise error(f"{path} is a symbolic link, which jagg does not write through{tail}.") from None
+        if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise error(f"{path} is not a regular file (a device, a FIFO or a socket){tail}.") from None
+        raise error(f"{path} cannot be opened ({e.strerror or e}){tail}.") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise error(f"{path} cannot be opened ({e.strerror or e}){tail}.") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise error(f"{path} is a folder, not a file{tail}.")
+        raise error(f"{path} is not a regular file (a device, a FIFO or a socket){tail}.")
+    return fd
+
+
+def open_lock_file(path: str | os.PathLike, error: type[Exception], *, fix: str = "") -> int:
+    """A read-write descriptor of the lock file ``path`` (created 0644 if absent) for ``flock``: a regular file,
+    never a link's target (a link planted there would have its target truncated and written) and never a FIFO (the
+    open would block), else one ``error`` sentence."""
+    return _open_regular(Path(path), os.O_RDWR | os.O_CREAT, error, fix, 0o644)
+
+
+def open_append(path: str | os.PathLike, error: type[Exception], *, fix: str = ""):  # noqa: ANN201  (BinaryIO)
+    """``path`` opened to append bytes (created with any written file's permissions), a regular file and never
+    through a link (a log planted as a link would have its target appended to), else one ``error`` sentence; for a
+    child process's log. The caller closes it."""
+    return os.fdopen(_open_regular(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, error, fix), "ab")
+
+
+def append_bytes(path: str | os.PathLike, data: bytes, error: type[Exception], *, fix: str = "") -> None:
+    """The project's one way to append to a file (a log of records, e.g. the buffered MLflow metrics): ``data`` at the
+    end of the regular file ``path`` (created if absent; never through a link, never a FIFO), fsynced; else one
+    ``error`` sentence."""
+    with open_append(path, error, fix=fix) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
@@ -186,7 +249,16 @@ def read_regular(path: str | os.PathLike, error: type[Exception], *, limit: int 
             raise error(f"{path} is larger than {limit:,} bytes, more than such a file holds{tail}.")
         with os.fdopen(fd, "rb") as f:
             fd = -1
-            data = f.read(limit + 1)
+            # read to the end, never more than limit + 1 bytes, never a buffer of `limit` bytes at once (a limit as
+            # large as a checkpoint's weights); /proc's files say size 0 and hold more
+            chunks, total = [], 0
+            while total <= limit:
+                chunk = f.read(min(limit + 1 - total, max(info.st_size - total, 0) + (1 << 16)))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                total += len(chunk)
+            data = b"".join(chunks)
     except OSError as e:
         raise error(f"{path} cannot be read ({e.strerror or e}){tail}.") from None
     finally:
@@ -195,6 +267,44 @@ def read_regular(path: str | os.PathLike, error: type[Exception], *, limit: int 
     if len(data) > limit:
         raise error(f"{path} is larger than {limit:,} bytes, more than such a file holds{tail}.")
     return data
+
+
+def read_text(path: str | os.PathLike, error: type[Exception], *, limit: int = MAX_READ_BYTES, fix: str = "") -> str:
+    """:func:`read_regular`'s bytes as UTF-8 text, or one ``error`` sentence (not UTF-8 included)."""
+    try:
+        return read_regular(path, error, limit=limit, fix=fix).decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text{'; ' + fix if fix else ''}.") from None
+
+
+def read_head(path: str | os.PathLike, size: int, error: type[Exception], *, fix: str = "") -> bytes:
+    """The first ``size`` bytes (fewer if the file is shorter) of the regular file ``path``, whatever its length (a
+    database's header), opened as :func:`read_regular` opens: never blocking, a FIFO or a device one sentence."""
+    fd = _open_regular(Path(path), os.O_RDONLY, error, fix)
+    try:
+        return os.pread(fd, size, 0)
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror or e}){'; ' + fix if fix else ''}.") from None
+    finally:
+        os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike, error: type[Exception], *, fix: str = "") -> str:
+    """The SHA-256 of the regular file ``path`` (any size: read in 1 MiB blocks), opened as :func:`read_head` opens,
+    or one ``error`` sentence."""
+    fd = _open_regular(Path(path), os.O_RDONLY, error, fix)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        raise error(f"{path} cannot be read ({e.strerror or e}){'; ' + fix if fix else ''}.") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return h.hexdigest()
 
 
 def read_prompts(path: str | os.PathLike) -> list[str]:
