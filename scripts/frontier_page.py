@@ -86,6 +86,7 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
     if "baseline" not in final:
         raise PageError(f"the summary has no exact baseline (methods: {', '.join(final)}); the frontier is drawn "
                         f"against it.")
+    per_ks = per_kilosecond(s)
     side = s.get("side_by_side") or {}
     side_rows = {r["method"]: r for r in side.get("table", [])}
     side_methods = side.get("methods", {})
@@ -113,6 +114,7 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
         if p is not None:
             p["prompts_interval"] = [_f(x) for x in (p.get("prompts_interval") or [None, None])]
         row["paired"] = p
+        row.update(per_ks.get(m, {}))
         row["verdict"] = "– (the baseline)" if m == "baseline" else (verdicts.get(m, {}).get("verdict") or "–")
         if m == "baseline" or row["mode"] == "exact":
             row["cos"] = "1 (the exact gradient, by construction)"
@@ -127,6 +129,44 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
     return out
 
 
+def _t_interval(xs: list[float]) -> dict[str, float]:
+    """Mean and Student-t 95% interval of independent values (NaN bounds for fewer than two)."""
+    from scipy import stats
+
+    n = len(xs)
+    mean = sum(xs) / n if n else float("nan")
+    if n < 2:
+        return {"mean": mean, "lo": float("nan"), "hi": float("nan"), "n": n}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    h = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
+    return {"mean": mean, "lo": mean - h, "hi": mean + h, "n": n}
+
+
+def per_kilosecond(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each method's test gain per 1000 s of whole training iterations, per seed, and its paired difference with the
+    baseline's (the same seed): gain_s / (iterations × seconds per iteration) × 1000. The seconds per iteration are
+    the report's ``seconds_per_iteration`` (the side-by-side stage's rollout + update + the runs' other phases: one
+    machine state for every method), so the pairing is over the seeds' gains, the clock being common."""
+    prim, base = s.get("primary"), (s.get("base") or {}).get(s.get("primary"))
+    spi = {m: _f(v.get("seconds")) for m, v in (s.get("seconds_per_iteration") or {}).items()}
+    if base is None or not spi:
+        return {}
+    rates: dict[str, dict[int, float]] = {}
+    for r in s.get("runs", []):
+        try:
+            sec = spi[r["method"]] * r["step"]
+            rates.setdefault(r["method"], {})[int(r["seed"])] = 1000 * (r["final"][prim] - base) / sec
+        except (KeyError, TypeError, ZeroDivisionError):
+            continue
+    out = {}
+    b = rates.get("baseline", {})
+    for m, by_seed in rates.items():
+        seeds = sorted(set(by_seed) & set(b))
+        out[m] = {"per_ks": _t_interval(list(by_seed.values())), "seconds_per_iteration": spi[m],
+                  "per_ks_paired": None if m == "baseline" else _t_interval([by_seed[k] - b[k] for k in seeds])}
+    return out
+
+
 def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
     """The frontier: update speedup (x) against the test gain with its seeds' interval (y), the baseline's band."""
     import matplotlib
@@ -134,7 +174,7 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 4.8), dpi=110)
     base = next(r for r in rows if r["method"] == "baseline")
     g = base["gain"]
     if not (math.isnan(g.get("lo", float("nan"))) or math.isnan(g.get("hi", float("nan")))):
@@ -152,6 +192,7 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
     ax.set_title("toy-w: speed for learning, one point per method", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    _draw_per_ks(ax2, rows, prim)
     fig.tight_layout()
     fd, tmp = tempfile.mkstemp(suffix=".png", dir=path.parent)
     os.close(fd)
@@ -164,12 +205,32 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
             os.unlink(tmp)
 
 
+def _draw_per_ks(ax, rows: list[dict[str, Any]], prim: str) -> None:
+    """The second panel: what each method learned per 1000 s of whole training iterations (mean, seeds' 95%)."""
+    shown = [r for r in rows if r.get("per_ks")]
+    base = next((r for r in shown if r["method"] == "baseline"), None)
+    if base is not None and not math.isnan(base["per_ks"]["lo"]):
+        ax.axhspan(base["per_ks"]["lo"], base["per_ks"]["hi"], color="0.85", label="exact baseline: seeds' 95%")
+    for i, r in enumerate(rows):
+        if not r.get("per_ks"):
+            continue
+        x, d = r["measured"], r["per_ks"]
+        err = None if math.isnan(d["lo"]) else [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
+        ax.errorbar([x], [d["mean"]], yerr=err, fmt="s", color=f"C{i % 10}", capsize=4)
+        ax.annotate(r["method"], (x, d["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("update speedup over the exact baseline (median)")
+    ax.set_ylabel(f"test {prim} gain per 1000 s of training")
+    ax.set_title("what a second of training buys (whole iterations)", fontsize=10)
+    ax.grid(alpha=0.3)
+
+
 def table(rows: list[dict[str, Any]], prim: str) -> str:
     checks = _check_keys(rows)
     head = ("| method | W | K | reuse | ideal speedup | measured speedup | gain: mean [seeds' 95%] [prompts' 95%] | "
             "gain − baseline (paired): mean [seeds' 95%] [prompts' 95%] | verdict at the margin | cos(method, exact) |"
+            " gain per 1000 s: mean [seeds' 95%] | − baseline's (paired) |"
             + "".join(f" `{k}` change (not trained on): mean [seeds' 95%] |" for k in checks) + "\n"
-            + "|---" * (10 + len(checks)) + "|")
+            + "|---" * (12 + len(checks)) + "|")
     lines = [head]
     for r in rows:
         g, gp, p = r["gain"], r["gain_prompts"], r["paired"]
@@ -179,6 +240,8 @@ def table(rows: list[dict[str, Any]], prim: str) -> str:
             f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
             f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
             f"{r['measured']:.2f}× | {_mean_iv(g)} {_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |"
+            f" {_mean_iv(r['per_ks']) if r.get('per_ks') else '–'} |"
+            f" {_mean_iv(r['per_ks_paired']) if r.get('per_ks_paired') else '–'} |"
             + "".join(_check(r.get("checks", {}).get(k)) for k in checks))
     return "\n".join(lines)
 

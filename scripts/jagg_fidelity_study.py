@@ -277,8 +277,11 @@ def _run_state(args, work: Path):
 
     base = ROOT / "assets" / "toy-base"
     verify_sums(base)
+    from tasks.common import parse_overrides
+
     params = load_params(Path(args.params), args.profile,
-                         {"model.path": str(base), "tracking.mlflow_uri": f"sqlite:///{work / 'mlflow.db'}"})
+                         {**parse_overrides(getattr(args, "set", [])), "model.path": str(base),
+                          "tracking.mlflow_uri": f"sqlite:///{work / 'mlflow.db'}"})
     lay = Layout.of(params, work)
     if not lay.train_prompts.exists():
         w = params.world
@@ -387,8 +390,9 @@ def method_names(params, spec: str) -> list[str]:
     return names
 
 
-def update_gradient(ctx, traj, advantages, rows, method) -> torch.Tensor:
-    """The method's gradient over every trained step of ``rows``, as the trainer accumulates it (float64, flat)."""
+def update_gradient(ctx, traj, advantages, rows, method, *, generator=None, draw=None) -> torch.Tensor:
+    """The method's gradient over every trained step of ``rows``, as the trainer accumulates it (float64, flat);
+    ``generator`` draws a random anchor, ``draw`` fixes it (every group's, every row's)."""
     from jagg_core.jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
     from jagg_core.trainer.update import UpdateContext, accumulate_gradients
 
@@ -399,7 +403,7 @@ def update_gradient(ctx, traj, advantages, rows, method) -> torch.Tensor:
         p.grad = None
     mctx = UpdateContext(ctx.policy, method, ctx.sample, ctx.train, autocast=ctx.autocast)
     accumulate_gradients(mctx, traj, advantages, rows, groups, reuse=method.reuse_rollout_velocity,
-                         measure_kl_ref=False)
+                         measure_kl_ref=False, generator=generator, draw=draw)
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).double()
                       for p in params])
     for p in params:
@@ -417,7 +421,34 @@ def spread_readings(rows: Sequence[int], prompt_of: Callable[[int], int], n: int
     return [[i for v in by_prompt.values() for i in v[j * per : (j + 1) * per]] for j in range(k)]
 
 
+def draw_law(traj, method) -> dict[int, float]:
+    """{step of the group: p_r} of a random-anchor method's draw (its one full group of the window)."""
+    from jagg_core.jagg import random_anchor_probabilities, resolve_anchors
+
+    w = method.window
+    t = traj.timesteps[list(traj.train_steps[:w])]
+    pos = resolve_anchors(w, method.anchors, method.anchor_at)
+    p = random_anchor_probabilities(t, pos, method.random_anchor_p)
+    return {j: float(p[j]) for j in range(w) if float(p[j]) > 0}
+
+
+def estimator_stats(draws: Sequence[tuple[float, torch.Tensor]], g_exact: torch.Tensor,
+                    mean: torch.Tensor | None = None) -> dict:
+    """An estimator's readings against the exact gradient g from its draws [(weight, g_d)] (weights summing to 1):
+    the expected cosine and relative squared error of ONE draw, E cos(g_d, g) and E‖g_d − g‖²/‖g‖², and its bias:
+    ‖E g_d − g‖/‖g‖ and cos(E g_d, g), E taken over ``mean`` when given (an exact enumeration of the law), else over
+    the draws. A deterministic estimator is one draw of weight 1 (its MSE is its bias squared)."""
+    ne = float(g_exact.norm())
+    cos = lambda a: float(a @ g_exact / (a.norm() * ne)) if float(a.norm()) and ne else float("nan")
+    e = sum(w * g for w, g in draws) if mean is None else mean
+    return {"cos": sum(w * cos(g) for w, g in draws),
+            "mse": sum(w * float((g - g_exact).norm() ** 2) for w, g in draws) / ne**2,
+            "bias": float((e - g_exact).norm()) / ne, "cos_mean": cos(e),
+            "norm_ratio": sum(w * float(g.norm()) for w, g in draws) / ne}
+
+
 def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: list, log) -> None:
+    from jagg_core.sampling import derive_seed
     from jagg_core.setup.config import ResolvedMethod
     from jagg_core.trainer.loop import _advantages, _rollout
 
@@ -430,17 +461,29 @@ def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: lis
         traj = _rollout(r, iteration, iteration + 1, metrics)
         scored = _advantages(r, traj, iteration + 1, metrics)
         readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
+        readings = readings[: args.max_readings] if args.max_readings else readings
         t0 = time.perf_counter()
         for k, idx in enumerate(readings):
             rows = torch.tensor(idx)
             g_exact = update_gradient(ctx, traj, scored.advantages, rows, exact)
-            ne = float(g_exact.norm())
             for m, method in methods.items():
-                g = g_exact if method.mode == "exact" else update_gradient(ctx, traj, scored.advantages, rows, method)
-                ng = float(g.norm())
-                cos = float(g @ g_exact / (ng * ne)) if ng and ne else float("nan")
+                grad = lambda **kw: update_gradient(ctx, traj, scored.advantages, rows, method, **kw)  # noqa: E731
+                if method.mode == "exact":
+                    stats = estimator_stats([(1.0, g_exact)], g_exact)
+                elif method.random_anchor is None:
+                    stats = estimator_stats([(1.0, grad())], g_exact)
+                else:  # every draw of the law, weighted: the expectation exactly, and one group-draw's spread
+                    law = draw_law(traj, method)
+                    enum = [(p, grad(draw=j)) for j, p in law.items()]
+                    mean = sum(p * g for p, g in enum)
+                    if method.random_anchor == "group":
+                        stats = estimator_stats(enum, g_exact, mean)
+                    else:  # per image: one draw is --draws seeded draws' average; the expectation is the same
+                        gens = [torch.Generator().manual_seed(derive_seed(args.seed, iteration, k, d))
+                                for d in range(args.draws)]
+                        stats = estimator_stats([(1 / args.draws, grad(generator=g)) for g in gens], g_exact, mean)
                 out_rows.append({"model": name, "rollout": iteration, "reading": k, "n": len(idx), "method": m,
-                                 "cos": cos, "norm_ratio": ng / ne if ne else float("nan")})
+                                 **stats})
         log(f"{name} rollout {iteration}: {len(readings)} readings of {args.reading} images, "
             f"{time.perf_counter() - t0:.1f} s; steps {traj.train_steps}")
 
@@ -454,7 +497,9 @@ def summarise_methods(rows: list[dict], names: Sequence[str]) -> dict:
             if r["method"] == m:
                 units.setdefault((r["model"], r["rollout"]), []).append(r)
         entry = {"readings": sum(len(v) for v in units.values()), "units": len(units)}
-        for key in ("cos", "norm_ratio"):
+        for key in ("cos", "norm_ratio", "mse", "bias", "cos_mean"):
+            if not all(key in x for v in units.values() for x in v):
+                continue  # readings written before the key existed
             mean, lo, hi, n = t_interval([float(np.mean([x[key] for x in v])) for v in units.values()])
             entry[key] = {"mean": mean, "lo": lo, "hi": hi, "n": n}
         out["methods"][m] = entry
@@ -478,7 +523,7 @@ def methods_main(args, out: Path, log) -> int:
     atomic_write_text(out / "methods.jsonl", "".join(json.dumps(rec) + "\n" for rec in rows))  # whole or not at all
     summary = summarise_methods(rows, names)
     summary["meta"] = {"profile": args.profile, "models": args.models, "rollouts": args.rollouts,
-                       "reading": args.reading, "seed": args.seed, "first_iteration": args.first_iteration,
+                       "reading": args.reading, "max_readings": args.max_readings, "draws": args.draws, "seed": args.seed, "first_iteration": args.first_iteration,
                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "command": " ".join(["python", "scripts/jagg_fidelity_study.py", *sys.argv[1:]])}
     atomic_write_text(out / "methods.json", json.dumps(summary, indent=1) + "\n")
@@ -807,6 +852,13 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="", help="'all' (the profile's run.methods) or a comma list: each method's "
                     "whole update gradient against the exact one (methods.json), instead of the Gram study")
     ap.add_argument("--reading", type=int, default=16, help="--methods: images per reading, spread over the prompts")
+    ap.add_argument("--max-readings", type=int, default=0, help="--methods: at most this many readings per rollout "
+                    "(0: every reading the rollout's signal rows make)")
+    ap.add_argument("--draws", type=int, default=6, help="--methods: seeded draws per reading of a per-image random "
+                    "anchor (its one-draw cosine and MSE; the bias is from the exact enumeration of its law)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a param of the profile (e.g. a method to screen: "
+                         "methods.k3at2={mode: jagg, anchor_at: [0, 2, 7]})")
     args = ap.parse_args(argv)
     try:
         sizes = [int(x) for x in args.sizes.split(",")] + [int(x) for x in args.spread.split(",")]
