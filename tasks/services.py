@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .common import ROOT, ServiceError, cli, load
 from jagg_core.pipeline.tracking import resolve_uri
-from jagg_core.setup.storage import atomic_write_text
+from jagg_core.setup.storage import atomic_write_text, open_append, read_regular
 from .launch import Interrupted
 
 STATE = ROOT / ".services"
@@ -83,8 +83,10 @@ def crash_automation(api: str, crash_after: float = CRASH_AFTER_S) -> None:
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str]) -> int:
     STATE.mkdir(parents=True, exist_ok=True)
-    log = open(STATE / f"{name}.log", "ab")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    path = STATE / f"{name}.log"
+    # Appended through storage's one appender: a link planted at the log is refused (its target was appended to).
+    with open_append(path, ServiceError, fix=f"remove it (rm {path}), then start the services again") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return proc.pid
 
 
@@ -176,11 +178,16 @@ def _pids(f: Path | None = None) -> dict[str, int]:
 
 
 def _load(f: Path | None = None) -> dict[str, Any]:
-    """pids.json (or a host's workers file) as written by :func:`_write_pids`; {} when absent or unreadable."""
+    """pids.json (or a host's workers file) as written by :func:`_write_pids`; {} when absent or not JSON; one
+    :class:`ServiceError` sentence when it is not a regular file of bounded size (a FIFO there hung `jagg services
+    status`, `down` and `up`)."""
     f = f or STATE / "pids.json"
+    if not f.exists():
+        return {}
     try:
-        data = json.loads(f.read_text()) if f.exists() else {}
-    except (OSError, ValueError):
+        data = json.loads(read_regular(f, ServiceError, limit=1 << 20, fix=f"remove it (rm {f}); it lists the "
+                                       f"services jagg started, which `ps` shows too"))
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
