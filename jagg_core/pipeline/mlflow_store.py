@@ -11,6 +11,7 @@ from typing import Iterator
 
 from ..setup.redact import redact
 from ..errors import UserError
+from ..setup.storage import open_lock_file, read_head
 
 __all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "sqlite_path",
            "store_creation_lock", "store_failure"]
@@ -56,12 +57,17 @@ def store_creation_lock(uri: str) -> Iterator[None]:
     import fcntl
 
     db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    lock = db.with_name(db.name + ".lock")
+    # A regular file, opened without blocking and never through a link (a FIFO there hung `jagg train`).
+    fd = open_lock_file(lock, TrackingError, fix=f"remove it (rm {lock}), then run again")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def shown(uri: str) -> str:
@@ -79,8 +85,7 @@ def check_sqlite_store(uri: str) -> None:
         raise TrackingError(f"the MLflow store {db} is a folder, not a SQLite file; move it aside or set "
                             f"tracking.mlflow_uri to another file.")
     if db.is_file() and db.stat().st_size:
-        with open(db, "rb") as f:
-            header = f.read(16)
+        header = read_head(db, 16, TrackingError, fix="move it aside or set tracking.mlflow_uri to another file")
         if header != b"SQLite format 3\x00":
             raise TrackingError(f"the MLflow store {db} is not a SQLite database (damaged?); move it aside "
                                 f"(mv {db} {db}.damaged) to start a fresh store, or set tracking.mlflow_uri.")

@@ -21,7 +21,7 @@ from ..setup.config import Params
 from ..setup.redact import flatten, redact
 from .mlflow_store import (TrackingError, artifact_location, check_sqlite_store, resolve_uri, shown,
                            store_creation_lock, store_failure)
-from jagg_core.setup.storage import atomic_write_text, json_lines, read_regular
+from jagg_core.setup.storage import append_bytes, atomic_write_bytes, atomic_write_text, json_lines, read_regular
 
 __all__ = ["TrackingError", "Tracker", "MlflowLogger", "resolve_uri", "git_commit"]
 
@@ -470,7 +470,7 @@ class MlflowLogger:
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / Path(name).name
-            path.write_bytes(data)
+            atomic_write_bytes(path, data)
             try:
                 self.tracker.log_artifact(self.run_id, path, str(Path(name).parent))
             except TrackingError as e:
@@ -533,10 +533,10 @@ class MlflowLogger:
             img = image if isinstance(image, Image.Image) else Image.fromarray(image)
             img.save(self.buffer.parent / name)
             record = {**record, "file": name}
-        with open(self.buffer, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # Appended through the one appender: a regular file, never a link's target, never a FIFO (which hung
+        # training after its first iteration while the store was down).
+        append_bytes(self.buffer, (json.dumps(record) + "\n").encode("utf-8"), TrackingError,
+                     fix="move it aside (the run's buffered metrics are in it)")
 
     def _records(self) -> list[dict]:
         """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
