@@ -23,7 +23,7 @@ from typing import Any
 
 from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params, parse_yaml
-from jagg_core.setup.storage import atomic_write_text
+from jagg_core.setup.storage import atomic_write_text, read_text
 
 from .common import ROOT, cli
 
@@ -35,7 +35,8 @@ RUN_KEYS = ("methods", "seeds")
 
 
 def _raw(params_path: Path) -> dict[str, Any]:
-    raw = parse_yaml(params_path.read_text(encoding="utf-8"), params_path.name)
+    # bounded and regular (a FIFO given as --params hung `--check`): one ParamsError sentence
+    raw = parse_yaml(read_text(params_path, ParamsError, limit=16 << 20), params_path.name)
     if not isinstance(raw, dict):
         raise ParamsError(f"{params_path.name} must be a mapping of sections.")
     return raw
@@ -109,7 +110,7 @@ def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, 
     """Every profile's pipeline file (relative to ``root``) -> its text; each profile is validated as it loads."""
     params_path = params_path or root / "params.yaml"
     raw = _raw(params_path)
-    template = (root / TEMPLATE).read_text(encoding="utf-8")
+    template = read_text(root / TEMPLATE, ParamsError, fix="restore it with `git checkout -- pipelines/template.yaml`")
     out = {}
     for name in profile_names(raw):
         params = load_params(params_path, name)  # a profile that does not load would fail every stage
@@ -128,13 +129,16 @@ def _lookup(tree: dict[str, Any], dotted: str) -> Any:
     return tree
 
 
+def _text(path: Path) -> str:
+    """A written pipeline's text (bounded, regular; a FIFO there is one sentence, not a hang)."""
+    return read_text(path, ParamsError, limit=16 << 20, fix="remove it and run `python -m tasks.dvc_pipelines`")
+
+
 def stale(root: Path = ROOT, params_path: Path | None = None) -> list[str]:
     """Pipeline files that differ from what :func:`pipelines` writes, or that no profile writes any more."""
     want = pipelines(root, params_path)
-    found = {p.relative_to(root) for p in (root / "pipelines").glob("*/dvc.yaml")
-             if p.read_text(encoding="utf-8").startswith(GENERATED)}
-    differ = [str(p) for p, text in want.items()
-              if not (root / p).is_file() or (root / p).read_text(encoding="utf-8") != text]
+    found = {p.relative_to(root) for p in (root / "pipelines").glob("*/dvc.yaml") if _text(p).startswith(GENERATED)}
+    differ = [str(p) for p, text in want.items() if not (root / p).is_file() or _text(root / p) != text]
     return sorted(differ + [str(p) for p in found - set(want)])
 
 
@@ -160,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"removed {old} (no such profile any more)")
     for path, text in want.items():
         target = ROOT / path
-        if not target.is_file() or target.read_text(encoding="utf-8") != text:
+        if not target.is_file() or _text(target) != text:
             target.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(target, text)
             print(f"wrote {path}")

@@ -19,6 +19,7 @@ import torch
 
 from ..schedules import Schedule, flow_match_schedule
 from ..setup.options import LORA, Scale
+from ..setup.storage import atomic_write_text, read_text
 from .base import Policy, PolicyError, PromptEmbeds, register_backbone
 from .lora import apply_lora
 
@@ -133,7 +134,7 @@ def save_toy_flux(folder: str | Path, transformer, text_encoder, tokenizer, geom
     transformer.save_pretrained(folder / "transformer")
     text_encoder.save_pretrained(folder / "text_encoder")
     tokenizer.save_pretrained(folder / "tokenizer")
-    (folder / "toy_flux.json").write_text(json.dumps(dict(geometry), indent=2) + "\n")
+    atomic_write_text(folder / "toy_flux.json", json.dumps(dict(geometry), indent=2) + "\n")
 
 
 class ToyFluxPolicy(Policy):
@@ -230,6 +231,9 @@ def _require(folder: Path, rel: str) -> None:
         )
 
 
+_REBUILD = "rebuild the base model with `jagg pretrain` or set model.path"
+
+
 def check_toy_flux_dir(path: str | None) -> Path:
     """The toy-flux folder ``path``, checked for its files (one sentence for what is missing); nothing is loaded."""
     if path is None:
@@ -255,7 +259,15 @@ def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype,
     from transformers import CLIPTextModel, PreTrainedTokenizerFast
 
     folder = check_toy_flux_dir(path)
-    geometry = json.loads((folder / "toy_flux.json").read_text())
+    # bounded and regular (a FIFO there hung `jagg evaluate`); a damaged file is one sentence
+    try:
+        geometry = json.loads(read_text(folder / "toy_flux.json", PolicyError, limit=1 << 20, fix=_REBUILD))
+    except PolicyError:
+        raise
+    except ValueError as e:  # not JSON
+        raise PolicyError(f"{folder / 'toy_flux.json'} is not JSON ({e}); {_REBUILD}.") from None
+    if not isinstance(geometry, dict):
+        raise PolicyError(f"{folder / 'toy_flux.json'} is not a JSON object; {_REBUILD}.")
     unknown = set(options) - {"lora", "guidance_scale"}
     if unknown:
         raise PolicyError(f"unknown toy-flux option(s) {sorted(unknown)}; toy-flux takes lora and guidance_scale.")

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..setup.storage import atomic_write_text
+from ..setup.storage import atomic_write_text, read_regular
 from .errors import TrainingError
 
 __all__ = ["TsvCurve"]
@@ -30,7 +30,9 @@ class TsvCurve:
         self.path = Path(path)
         self.rows: list[dict[str, float]] = []
         if resume_from is not None and self.path.exists():
-            reader = csv.DictReader(io.StringIO(self.path.read_text(errors="replace")), delimiter="\t")
+            # bounded and regular (a FIFO there hung `jagg train` after "resuming")
+            text = read_regular(self.path, TrainingError, fix="move it aside; the run's MLflow metrics hold the curve")
+            reader = csv.DictReader(io.StringIO(text.decode("utf-8", "replace")), delimiter="\t")
             for line, row in enumerate(reader, start=2):
                 parsed = self._parse(row, line)
                 if parsed.get("iteration", math.inf) <= resume_from:
