@@ -21,7 +21,8 @@ from jagg_core.errors import UserError
 from jagg_core.setup.config import Params
 from jagg_core.setup.redact import redact
 from jagg_core.pipeline.tracking import Tracker
-from jagg_core.setup.storage import atomic_write_text
+from jagg_core.setup.paths import inside
+from jagg_core.setup.storage import atomic_write_text, read_regular
 from jagg_core.pipeline.mlflow_store import resolve_uri
 
 __all__ = ["SENTINELS", "DispatchError", "check_shared", "remove_sentinel", "where", "write_sentinel"]
@@ -76,10 +77,16 @@ def check_shared(params: Params, root: Path, sweep: str, shared: dict[str, Any])
     sweep's flow (nothing is read but the sentinel and the sweep's run; nothing is written)."""
     me = where()
     who = f"worker {me['worker']!r} on {me['host']}"
-    try:
-        seen = (root / shared["file"]).read_text().strip()
-    except OSError:
-        seen = None
+    # The file's name comes in the unit's parameters: a path inside the project (`../../…` is refused), read bounded
+    # and regular (a FIFO or /dev/zero there held the worker's only slot with the unit RUNNING): one sentence.
+    rel = shared.get("file")
+    if not isinstance(rel, str) or not rel:
+        raise DispatchError(f"{who} refuses a unit without the sweep's token file name; start the sweep again.")
+    token_file = inside(root, rel, "the unit's sweep token file", kind="file")
+    seen = None
+    if token_file.exists():
+        seen = read_regular(token_file, DispatchError, limit=4096, fix="start the sweep again").decode(
+            "utf-8", "replace").strip()
     if seen != shared["token"]:
         raise DispatchError(
             f"{who} does not see the sweep's project folder ({shared['root']} on {shared['host']}): its {root} holds "
