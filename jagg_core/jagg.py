@@ -511,8 +511,8 @@ def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
                      accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
     """JAGG plus the random anchor's correction (module docstring), in one joint backward or one per graph.
 
-    The first anchor forwards with grad (with ``per="group"`` and ``velocity_batch`` in the joint variant, every
-    anchor and the drawn step in one call); then each row's step r_i is drawn and forwarded with grad (the probe: one
+    The first anchor forwards with grad (in the joint variant with ``velocity_batch``, every anchor in one call, and
+    with ``per="group"`` the drawn step too); then each row's step r_i is drawn and forwarded with grad (the probe: one
     call, ``velocity(r)`` for a group's draw, ``velocity_rows`` for per-image draws); each middle step is forwarded
     under no_grad only on the rows that did not draw it (reused rollout velocities need none), so the group costs
     the forwards of K + 1 anchors. The probe's cotangent is ``s_{r_i} / p_{r_i}`` per row and anchor k's loses
@@ -524,12 +524,12 @@ def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
     r_group = probe.steps(1) if per_group else None  # a group's draw needs no batch size
     outputs: dict[int, torch.Tensor] = {}  # anchor position -> its with-grad output
     v_probe = None
-    if per_group and variant == "joint" and velocity_batch is not None:
-        batch = list(velocity_batch([*pos, int(r_group[0])]))
-        outputs.update(zip(pos, batch[:-1]))
-        v_probe = batch[-1]
+    if variant == "joint" and velocity_batch is not None:  # the anchors (and a group's drawn step) in one call
+        batch = list(velocity_batch([*pos, int(r_group[0])] if per_group else list(pos)))
+        outputs.update(zip(pos, batch[: len(pos)]))
+        v_probe = batch[-1] if per_group else None
         run.stats.forward_calls += 1
-        run.stats.grad_forwards += len(pos) + 1
+        run.stats.grad_forwards += len(batch)
     else:
         outputs[pos[0]] = velocity(pos[0])
         run.stats.forward_calls += 1

@@ -52,7 +52,7 @@ def test_json_structure(tiny):
             assert {("jagg-joint", w, f), ("jagg-sequential", w, f)} <= variants
     # W = 2 has no middle steps: ablate and reuse would repeat jagg-joint's work exactly.
     assert ("ablate", 2, 1.0) not in variants and ("ablate", 4, 1.0) in variants
-    assert {("jagg-k3", 4, 1.0), ("jagg-k4", 4, 1.0)} <= variants
+    assert {("jagg-k3", 4, 1.0), ("jagg-k4", 4, 1.0), ("jagg-unbiased", 4, 1.0), ("jagg-unbiased", 4, 0.5)} <= variants
     # The strongest exact baseline at every W, and every JAGG figure also against it.
     assert all(("exact-batched", w, None) in variants for w in WINDOWS)
     for c in r["cells"]:
@@ -132,6 +132,9 @@ EXPECTED = {
     ("jagg-reuse", 4): (2, 1, 0, 2, 1),  # middle velocities from the rollout: no forward at all
     ("jagg-k3", 4): (3, 2, 1, 0, 1),
     ("jagg-k4", 4): (4, 1, 0, 0, 1),
+    # the anchors in one call, the probe (every image at its drawn step) in one, each middle step on the images that
+    # did not draw it: 3 graphs, the no-grad rows of one forward, one backward
+    ("jagg-unbiased", 4): (3, 4, 1, 0, 1),
     ("exact-batched", 2): (2, 1, 0, 0, 1),  # every step of the group in one forward call, one backward
     ("exact-batched", 4): (4, 1, 0, 0, 1),
 }

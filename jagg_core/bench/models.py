@@ -165,6 +165,8 @@ BENCH_METHODS: dict[str, dict] = {
     "jagg-sequential": {"mode": "jagg", "variant": "sequential"},
     "ablate": {"mode": "ablate"},
     "jagg-reuse": {"mode": "jagg", "reuse_rollout_velocity": True},
+    # the unbiased JAGG: the endpoints and one random anchor per image (docs/frontier.md): what K = 3 costs
+    "jagg-unbiased": {"mode": "jagg", "random_anchor": "image"},
 }
 
 
@@ -190,8 +192,8 @@ def fits(name: str, window: int) -> bool:
     s = _settings(name, window)
     if s["mode"] == "exact" or name == "exact-batched":
         return True
-    if window == 2 and (s["mode"] == "ablate" or s["reuse_rollout_velocity"]):
-        return False
+    if window == 2 and (s["mode"] == "ablate" or s["reuse_rollout_velocity"] or s.get("random_anchor")):
+        return False  # no middle step: nothing to reuse, discard or draw
     return s["anchors"] <= window
 
 

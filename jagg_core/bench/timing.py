@@ -52,13 +52,13 @@ class Cell:
 
 def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence[int]) -> list[Cell]:
     """Exact once (per step, W does not matter); per W exact-batched and, per jagg_frac, the registered variants; and
-    K-anchor JAGG (K > 2) at the largest W."""
+    K-anchor JAGG (K > 2) and the unbiased JAGG (a random anchor per image) at the largest W."""
     w_max = max(windows)
     names = ["jagg-joint", "jagg-sequential", "ablate", "jagg-reuse"]
     cells = [Cell("exact", w_max, None)]
     for w in windows:
         cells.append(Cell("exact-batched", w, None))
-        extra = [f"jagg-k{k}" for k in anchors if k > 2] if w == w_max else []
+        extra = [*(f"jagg-k{k}" for k in anchors if k > 2), "jagg-unbiased"] if w == w_max else []
         for frac in fracs:
             cells += [Cell(n, w, frac) for n in names + extra if fits(n, w)]
     return cells
