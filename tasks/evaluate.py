@@ -24,7 +24,7 @@ from jagg_core.pipeline.tracking import Tracker
 from jagg_core.setup.registry import backbone_spec
 from jagg_core.evaluation import EvalError
 from jagg_core.evaluation.conventions import evaluation_conventions, split_named
-from jagg_core.setup.storage import read_score_records
+from jagg_core.setup.storage import read_score_records, read_text
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -149,7 +149,7 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     if rc != 0:
         raise EvalError(f"evaluating {run} failed: " +
                         (user_error(tail) or f"exit status {rc}; last output: {tail[-1] if tail else ''}"))
-    return json.loads((lay.eval_dir(run) / "metrics.json").read_text())
+    return json.loads(read_text(lay.eval_dir(run) / "metrics.json", EvalError, fix=f"evaluate {run} again"))
 
 
 def _worker(params: Params, lay: Layout, run: str) -> None:

@@ -27,7 +27,7 @@ from typing import Iterator
 from jagg_core.errors import UserError
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
-from jagg_core.setup.storage import atomic_write_text, read_regular
+from jagg_core.setup.storage import atomic_write_text, read_regular, read_text
 
 __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "launch", "outcome_file", "read_outcome",
            "user_error_class", "stop_on_signals", "local_context", "read_context",
@@ -113,7 +113,7 @@ def stop_on_signals() -> None:
 
 def read_context(path: str) -> tuple[Params, Layout, dict]:
     """A worker's side of :func:`write_context`: the launcher's params, the project layout and the rest."""
-    ctx = json.loads(Path(path).read_text())
+    ctx = json.loads(read_text(path, UserError, limit=64 << 20))
     params = Params.model_validate_json(ctx["params"])
     return params, Layout.of(params, Path(ctx["root"])), ctx
 

@@ -9,7 +9,6 @@ matching on the world; ``--force`` pretrains the shipped recipe from scratch (``
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
+from jagg_core.setup.storage import atomic_write_text, file_sha256, read_regular, read_text, replace_dir, temp_dir
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -51,6 +50,7 @@ def _pretrain_world(params: Params) -> dict:
 
 
 SHIPPED_BASE = Path(__file__).resolve().parents[1] / "assets" / "toy-base"
+RESTORE = "restore the shipped base with `git checkout -- assets/toy-base`"
 SUMS = "SHA256SUMS"
 
 
@@ -58,20 +58,21 @@ def file_sums(folder: Path) -> dict[str, str]:
     """relative path -> SHA-256 of every file of ``folder`` but the sums file itself."""
     out = {}
     for p in sorted(q for q in folder.rglob("*") if q.is_file() and q.name != SUMS):
-        out[str(p.relative_to(folder))] = hashlib.sha256(p.read_bytes()).hexdigest()
+        out[str(p.relative_to(folder))] = file_sha256(p, UserError, fix=RESTORE)
     return out
 
 
 def write_sums(folder: Path) -> None:
     """Write ``SHA256SUMS`` (``sha256sum`` format) for ``folder``: what ships is checked before every use."""
-    (folder / SUMS).write_text("".join(f"{h}  {name}\n" for name, h in file_sums(folder).items()))
+    atomic_write_text(folder / SUMS, "".join(f"{h}  {name}\n" for name, h in file_sums(folder).items()))
 
 
 def verify_sums(folder: Path) -> None:
     """One sentence if a file of ``folder`` is missing, extra or not the bits its ``SHA256SUMS`` names."""
     try:
-        want = dict(reversed(line.split("  ", 1)) for line in (folder / SUMS).read_text().splitlines() if line)
-    except (OSError, ValueError) as e:
+        text = read_text(folder / SUMS, UserError, limit=1 << 20)
+        want = dict(reversed(line.split("  ", 1)) for line in text.splitlines() if line)
+    except (UserError, ValueError) as e:
         raise UserError(f"the shipped base model {folder} has no readable {SUMS} ({e}); restore it with "
                         f"`git checkout -- {folder.name}`.") from None
     have = file_sums(folder)
@@ -81,10 +82,18 @@ def verify_sums(folder: Path) -> None:
                         f"restore it with `git checkout -- assets/toy-base`.")
 
 
+def _sums(folder: Path) -> bytes | None:
+    """``folder``'s sums file as bytes, None where it cannot be read (a damaged copy: replaced)."""
+    try:
+        return read_regular(folder / SUMS, UserError, limit=1 << 20)
+    except UserError:
+        return None
+
+
 def install_shipped_base(dest: Path, source: Path = SHIPPED_BASE) -> None:
     """Copy the verified shipped base model to ``dest`` (atomically), unless ``dest`` already holds its bits."""
     verify_sums(source)
-    if (dest / SUMS).is_file() and (dest / SUMS).read_bytes() == (source / SUMS).read_bytes():
+    if (dest / SUMS).is_file() and _sums(dest) == _sums(source):
         try:
             verify_sums(dest)
             return

@@ -13,7 +13,7 @@ from jagg_core.setup.redact import redact
 from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
                      stage_logger)
 from jagg_core.pipeline.tracking import Tracker
-from jagg_core.setup.storage import copy_file
+from jagg_core.setup.storage import copy_file, read_text
 from jagg_core.pipeline.report_stats import ReportError
 
 
@@ -68,7 +68,7 @@ def artifact_rows(summary: dict) -> list[dict]:
 def report_markdown(lay: Layout, ui_url: str, run_id: str) -> str:
     """The report's README with its figures as links into the MLflow parent run's artifacts (served by the MLflow
     UI), so that they render in the Prefect UI."""
-    md = (lay.report_dir / "README.md").read_text()
+    md = read_text(lay.report_dir / "README.md", ReportError, fix="run the report stage again")
     for png in sorted(p.name for p in lay.report_dir.glob("*.png")):
         md = md.replace(f"]({png})", f"]({ui_url}/get-artifact?path=report/{png}&run_uuid={run_id})")
     return md + f"\n\nFull report: `{lay.report_dir / 'index.html'}`\n"

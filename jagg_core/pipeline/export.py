@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from ..setup.registry import backbone_spec
-from ..setup.storage import temp_dir
+from ..setup.storage import atomic_write_text, temp_dir
 
 __all__ = ["ExportError", "export_transformer"]
 
@@ -88,8 +88,8 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
         else:
             module.save_pretrained(tmp / "transformer", safe_serialization=True)
             kind, files = "full", ["transformer/"]
-        (tmp / "export.json").write_text(json.dumps({**card, "backbone": backbone, "kind": kind, "files": files,
-                                                     "pipeline": pipeline_name}, indent=2) + "\n")
+        atomic_write_text(tmp / "export.json", json.dumps({**card, "backbone": backbone, "kind": kind, "files": files,
+                                                           "pipeline": pipeline_name}, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..setup.config import Params
-from ..setup.storage import replace_dir, temp_dir
+from ..setup.storage import atomic_write_text, replace_dir, temp_dir
 from ..policies.toy_flux import ToyFluxPolicy, ToyFluxShape, build_toy_flux, save_toy_flux
 from ..world import sample_training_pair, vocabulary
 from ..policies.base import PromptEmbeds
@@ -186,8 +186,8 @@ def _save_atomically(out_dir: Path, transformer, text_encoder, tokenizer, geomet
     tmp = temp_dir(out_dir.parent, f".tmp-{out_dir.name}-")
     try:
         save_toy_flux(tmp, transformer, text_encoder, tokenizer, geometry)
-        (tmp / "card.json").write_text(json.dumps(card, indent=2) + "\n")
-        (tmp / "README.md").write_text(_card_markdown(card))
+        atomic_write_text(tmp / "card.json", json.dumps(card, indent=2) + "\n")
+        atomic_write_text(tmp / "README.md", _card_markdown(card))
         replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

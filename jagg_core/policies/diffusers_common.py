@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import torch
 
 from ..schedules import Schedule, flow_match_schedule, resolution_mu
+from ..setup.storage import read_text
 from .base import PolicyError
 from .lora import DEFAULT_TARGET_MODULES, apply_lora
 
@@ -104,7 +105,7 @@ def _check_weights(folder: Path, name: str, hub_id: str) -> None:
     # what from_pretrained reads without a variant.
     indexes = [p for p in sorted(sub.glob("*.index.json")) if p.name.count(".") == 3]
     for index in indexes:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
         absent = [s for s in shards if not (sub / s).is_file()]
         if absent:
             raise _missing(folder, f"{len(absent)} of {len(shards)} {name} weight shards ({name}/{absent[0]})", hub_id)
@@ -206,7 +207,18 @@ def read_options(options: Mapping[str, Any], defaults: Mapping[str, Any], *, bac
 
 def read_config(folder: Path, name: str) -> dict[str, Any]:
     """A component's config.json, read before any weights load (to validate options cheaply)."""
-    return json.loads((folder / name / "config.json").read_text())
+    return _read_json(folder / name / "config.json")
+
+
+def _read_json(path: Path) -> Any:
+    """A model folder's JSON file, bounded and regular (:func:`read_text`), or one :class:`PolicyError` sentence."""
+    fix = "download the model again or point model.path at a whole model folder"
+    try:
+        return json.loads(read_text(path, PolicyError, limit=64 << 20, fix=fix))
+    except PolicyError:
+        raise
+    except ValueError as e:
+        raise PolicyError(f"{path} is not JSON ({e}); {fix}.") from None
 
 
 def check_image_size(height: int, width: int, multiple: int) -> None:

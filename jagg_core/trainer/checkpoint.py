@@ -18,7 +18,6 @@ Old checkpoints are rotated out so that a concurrent reader survives it (:func:`
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -36,7 +35,8 @@ from safetensors.torch import save as st_save
 
 from ..errors import UserError
 from ..setup.faults import fault
-from ..setup.storage import atomic_write_text, read_regular, replace_dir, temp_dir
+from ..setup.storage import atomic_write_bytes, atomic_write_text, read_regular, replace_dir, temp_dir
+from ..setup.storage import file_sha256 as storage_sha256
 from .dcp_read import dcp_tensor_metadata, read_full_tensors
 from .distributed import gather_objects, process_group
 
@@ -78,7 +78,7 @@ class Checkpoint:
         sentence in the worker, not a traceback that its launcher would take for a died process and retry."""
         f = self.path / "state.json"
         try:
-            state = json.loads(f.read_bytes().decode("utf-8"))
+            state = json.loads(read_regular(f, ValueError, limit=MAX_MANIFEST_BYTES).decode("utf-8"))
         except (ValueError, OSError) as e:
             raise CheckpointError(f"{f} cannot be read as JSON ({type(e).__name__}); the checkpoint is damaged: move "
                                   f"{self.path.name} aside to resume from the one before it.") from None
@@ -120,16 +120,14 @@ class Checkpoint:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """The SHA-256 of a file's bytes, read in 1 MiB chunks (what manifests record)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """The SHA-256 of a regular file's bytes, read in 1 MiB chunks (what manifests record). Its sentence is an
+    OSError, as the callers expect of a file that a rotation deleted under them."""
+    return storage_sha256(path, OSError)
 
 
 def load_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    return st_load(Path(path).read_bytes())
+    # a checkpoint's weights may be as large as the model: bounded by what a file system holds, regular, never blocking
+    return st_load(read_regular(path, OSError, limit=1 << 42))  # an OSError sentence: rotated out, or one to raise
 
 
 def save_checkpoint(
@@ -164,10 +162,7 @@ def save_checkpoint(
             files["optimizer.pt"] = buf.getvalue()
         files["state.json"] = (json.dumps({"iteration": iteration, **state}, indent=2, default=str) + "\n").encode()
         for name, data in files.items():
-            with open(tmp / name, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            atomic_write_bytes(tmp / name, data)  # fsynced, written whole
         fault("checkpoint", iteration)  # reliability tests: killed or out of space mid-write
         manifest = {name: {"bytes": (tmp / name).stat().st_size, "sha256": file_sha256(tmp / name)} for name in files}
         atomic_write_text(tmp / "manifest.json", json.dumps(manifest, indent=2) + "\n")
