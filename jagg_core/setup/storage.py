@@ -105,15 +105,17 @@ class FolderLock:
 
 
 def _open_regular(path: Path, flags: int, error: type[Exception], fix: str, create_mode: int = 0o666) -> int:
-    """A descriptor of the regular file ``path`` opened with ``flags`` and never through a link at ``path`` itself
-    (``O_NOFOLLOW``), never blocking (``O_NONBLOCK``: a FIFO there is refused, not waited on), checked on the open
-    descriptor (``fstat``: a device, a FIFO, a socket or a folder is refused), else one ``error`` sentence."""
+    """A descriptor of the regular file ``path`` opened with ``flags``: for writing never through a link at ``path``
+    itself (``O_NOFOLLOW``; a read follows one, as :func:`read_regular` does), never blocking (``O_NONBLOCK``: a FIFO
+    there is refused, not waited on), checked on the open descriptor (``fstat``: a device, a FIFO, a socket or a
+    folder is refused), else one ``error`` sentence."""
     import errno
     import stat
 
     tail = f"; {fix}" if fix else ""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, create_mode)
+        writes = flags & (os.O_WRONLY | os.O_RDWR)
+        fd = os.open(path, flags | (os.O_NOFOLLOW if writes else 0) | os.O_NONBLOCK | os.O_CLOEXEC, create_mode)
     except FileNotFoundError:
         raise error(f"{path} does not exist{tail}.") from None
     except IsADirectoryError:
