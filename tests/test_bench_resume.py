@@ -207,7 +207,6 @@ def test_progress_line_names_round_method_window_and_time_left():
     time.sleep(0.01)
     meter.piece(2, piece_label("exact"))
     meter.close()
-    assert lines[0].startswith("bench toy: round 2/3, jagg-joint W 8, jagg_frac 1; 33% of the timed rounds, "
-                               "00:00 so far")
-    assert lines[1].startswith("bench toy: round 2/3, exact; 38% of the timed rounds") and lines[1].endswith(" left")
+    assert lines[0].startswith("round 2/3, jagg-joint W 8, jagg_frac 1; 33% of the timed rounds, 00:00 so far")
+    assert lines[1].startswith("round 2/3, exact; 38% of the timed rounds") and lines[1].endswith(" left")
     assert "about ? left" not in lines[1] and piece_label("optimizer") == "optimizer step"

@@ -52,14 +52,14 @@ class RoundsProgress:
 
             self._redirect = logging_redirect_tqdm()
             self._redirect.__enter__()
-        self.round, self.last_line = done, time.monotonic()
+        self.round, self.where, self.last_line = done, "", time.monotonic()
 
     def piece(self, round_number: int, label: str) -> None:
         """About to time ``label`` (e.g. ``jagg-joint W 8, jagg_frac 1``) in round ``round_number`` (1-based)."""
-        self.round = round_number
-        self.bar.set_description_str(f"bench {self.name}: round {round_number}/{self.repeats}, {label}",
-                                     refresh=False)
-        self.bar.refresh()
+        self.round, self.where = round_number, f"round {round_number}/{self.repeats}, {label}"
+        self.bar.set_description_str(f"bench {self.name}: {self.where}", refresh=False)
+        if self.bar_on:
+            self.bar.refresh()
         if not self.bar_on and self.say and time.monotonic() - self.last_line >= self.interval:
             self.say(self.line())
 
@@ -67,11 +67,12 @@ class RoundsProgress:
         self.bar.update(self.weights[key])
 
     def line(self) -> str:
-        """The progress as one log line (tqdm's estimate of what is left)."""
+        """The progress as one log line (tqdm's estimate of what is left), for a logger that names the bench."""
         from tqdm import tqdm
 
         self.last_line = time.monotonic()
-        return tqdm.format_meter(**{**self.bar.format_dict, "bar_format": LOG_FORMAT, "ncols": None})
+        return tqdm.format_meter(**{**self.bar.format_dict, "bar_format": LOG_FORMAT, "ncols": None,
+                                    "prefix": self.where})
 
     def remaining(self) -> str:
         """tqdm's estimate of the time left, e.g. ``03:25`` (``?`` before anything is timed)."""
