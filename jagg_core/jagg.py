@@ -300,6 +300,7 @@ def group_backward(
     anchor_at: Sequence[int] | None = None,
     random_anchor: str | None = None,
     random_anchor_p: str | Sequence[float] = "uniform",
+    random_anchor_weight: float = 1.0,
     generator: torch.Generator | None = None,
     draw: int | torch.Tensor | None = None,
     middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
@@ -329,6 +330,8 @@ def group_backward(
         random_anchor: ``None`` (the deterministic interpolation), ``"group"`` or ``"image"``: one more anchor drawn
             at random, per group or per image, that makes the estimator unbiased (jagg mode only; module docstring).
         random_anchor_p: its law over the non-anchor steps (:func:`random_anchor_probabilities`).
+        random_anchor_weight: λ, the share of the correction applied: 1 is unbiased, 0 is JAGG; in between the
+            expectation is JAGG + λ (exact − JAGG) and the draw's variance λ² times the unbiased one's.
         generator: the draws' RNG (a trainer seeds one per iteration, so a resumed run draws the same steps).
         draw: the drawn step(s) instead of a draw: an int for every row, or a (B,) tensor, one per row (tests,
             studies that enumerate every draw).
@@ -348,6 +351,8 @@ def group_backward(
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
     if random_anchor is not None and random_anchor not in RANDOM_ANCHOR:
         raise ValueError(f"random_anchor must be None or one of {RANDOM_ANCHOR}, got {random_anchor!r}.")
+    if not (isinstance(random_anchor_weight, (int, float)) and 0.0 <= random_anchor_weight <= 1.0):
+        raise ValueError(f"random_anchor_weight must be a number in [0, 1], got {random_anchor_weight!r}.")
     if random_anchor == "image" and velocity_rows is None and mode == "jagg":
         raise ValueError("random_anchor='image' forwards each image at its own drawn step: it needs velocity_rows.")
     t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
@@ -362,7 +367,7 @@ def group_backward(
         probe = None
         if random_anchor is not None and mode == "jagg" and len(pos) < t.numel():
             probe = _Probe(random_anchor_probabilities(t, pos, random_anchor_p), random_anchor, generator, draw,
-                           velocity_rows)
+                           velocity_rows, float(random_anchor_weight))
         _anchored_backward(run, velocity, t, mode, variant, pos, middle_velocity, velocity_batch, probe)
     run.stats.extras = {k: sum(x) / len(x) for k, x in run.extras.items()}
     return run.stats
@@ -457,6 +462,7 @@ class _Probe:
     generator: torch.Generator | None
     draw: int | torch.Tensor | None
     velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
+    weight: float = 1.0  # λ: the share of the correction applied (1: unbiased)
 
     def steps(self, rows: int) -> torch.Tensor:
         """(rows,) the drawn step of every row."""
@@ -569,10 +575,10 @@ def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
     slot = torch.tensor([mids.index(int(x)) for x in r])
     s_r = torch.stack([signals[j] for j in mids])[slot, torch.arange(n)]  # (n, ...)
     shape = (n,) + (1,) * (s_r.ndim - 1)
-    inv_p = (1.0 / probe.p[r]).to(s_r.dtype).reshape(shape)
+    inv_p = (probe.weight / probe.p[r]).to(s_r.dtype).reshape(shape)
     probe_cot = s_r * inv_p
     for k in range(len(pos)):
-        c = (weights[r, k] / probe.p[r]).to(s_r.dtype).reshape(shape)
+        c = (probe.weight * weights[r, k] / probe.p[r]).to(s_r.dtype).reshape(shape)
         if bool((c != 0).any()):
             s_anchor[k] = s_anchor[k] - s_r * c if s_anchor[k] is not None else -s_r * c
     if variant == "joint":

@@ -605,7 +605,24 @@ def test_random_anchor_draws_follow_their_law_and_are_stratified_per_image():
     assert same[0] == same[1]  # a seeded generator draws the same steps (a resumed run)
 
 
+def test_a_partial_correction_moves_the_expectation_a_share_of_the_way_from_jagg_to_exact():
+    """λ = random_anchor_weight: E g = JAGG + λ (exact − JAGG); λ = 0 is JAGG itself, draw by draw."""
+    model, t, zs, velocity, step_loss = w8_problem(90)
+    g_exact = exact_reference(model, velocity, step_loss, len(t))
+    g_jagg, _ = run(model, velocity, step_loss, t, "jagg")
+    p = random_anchor_probabilities(t, (0, 7), "uniform")
+    for lam in (0.0, 0.5):
+        mean = torch.zeros_like(g_exact)
+        for r in range(1, 7):
+            g_r, _ = run(model, velocity, step_loss, t, "jagg", random_anchor="group", random_anchor_weight=lam, draw=r)
+            if lam == 0.0:
+                assert rel_err(g_r, g_jagg) <= 1e-12
+            mean += float(p[r]) * g_r
+        assert rel_err(mean, g_jagg + lam * (g_exact - g_jagg)) <= 1e-12
+
+
 @pytest.mark.parametrize("bad, words", [
+    ({"random_anchor": "group", "random_anchor_weight": 1.5}, "random_anchor_weight must be"),
     ({"random_anchor": "image"}, "needs velocity_rows"),
     ({"random_anchor": "step"}, "random_anchor must be"),
     ({"random_anchor": "group", "random_anchor_p": [1, 1, 0, 1, 1, 1, 1, 1]}, "positive random anchor weight"),

@@ -259,6 +259,8 @@ class JaggConfig(Section):
     random_anchor_p: Literal["uniform", "alpha"] | list[Annotated[float, Field(ge=0)]] = Field(
         "uniform", description="the random anchor's law over the non-anchor steps: uniform, alpha (∝ α(1 − α)), or "
                                "one weight per step of the group")
+    random_anchor_weight: float = Field(1.0, ge=0, le=1, description="λ: the share of the random anchor's correction "
+                                        "applied (1 unbiased, 0 JAGG; the draw's variance scales as λ²)")
     auto_threshold: float = Field(0.5, ge=-1, le=1, description="jagg_frac 'auto': cosine threshold")
     auto_every: int = Field(0, ge=0, description="jagg_frac 'auto': re-estimate every N iterations; 0 = at start")
     reuse_rollout_velocity: bool = Field(
@@ -291,6 +293,7 @@ class MethodConfig(Section):
     random_anchor: Literal[RANDOM_ANCHOR] | None = Field(None, description="override jagg.random_anchor")
     random_anchor_p: Literal["uniform", "alpha"] | list[Annotated[float, Field(ge=0)]] | None = Field(
         None, description="override jagg.random_anchor_p")
+    random_anchor_weight: float | None = Field(None, ge=0, le=1, description="override jagg.random_anchor_weight")
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
 
 

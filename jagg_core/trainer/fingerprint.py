@@ -44,7 +44,8 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
 
 
 # jagg settings added after runs were fingerprinted, left out at their defaults so those runs' fingerprints still match
-_NEW_METHOD_DEFAULTS = {"anchor_at": None, "random_anchor": None, "random_anchor_p": "uniform"}
+_NEW_METHOD_DEFAULTS = {"anchor_at": None, "random_anchor": None, "random_anchor_p": "uniform",
+                        "random_anchor_weight": 1.0}
 
 
 def _method(params: Params, method: str) -> dict:

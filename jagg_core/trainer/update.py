@@ -217,7 +217,8 @@ def anchor_options(method: ResolvedMethod, generator: torch.Generator | None = N
     if method.anchor_at is not None:
         out["anchor_at"] = tuple(method.anchor_at)
     if method.random_anchor is not None:
-        out.update(random_anchor=method.random_anchor, random_anchor_p=method.random_anchor_p, generator=generator)
+        out.update(random_anchor=method.random_anchor, random_anchor_p=method.random_anchor_p,
+                   random_anchor_weight=method.random_anchor_weight, generator=generator)
         if draw is not None:
             out["draw"] = draw
     return out
