@@ -21,13 +21,15 @@ if the server wants it shown.
 
 What the client does with an answer:
 
-- a dropped or reset connection, a connect failure or no answer within ``timeout_s``, and HTTP 502, 503 or 504 (a proxy
-  or a judge that is restarting: the request never reached a working scorer) are retried, up to ``retries`` times
-  with exponential backoff from ``backoff_s`` (capped at 30 s): the same request again, so the scores are those of an
-  undisturbed call;
+- a dropped or reset connection, a connect failure or no whole answer within ``timeout_s`` (one deadline per request:
+  connecting, sending and reading every byte of the answer; a server that drips its answer is cut off at it), and
+  HTTP 502, 503 or 504 (a proxy or a judge that is restarting: the request never reached a working scorer) are
+  retried, up to ``retries`` times with exponential backoff from ``backoff_s`` (capped at 30 s): the same request
+  again, so the scores are those of an undisturbed call;
 - a 4xx is never retried (the same request would be refused again): one sentence with the server's ``error``;
-- any other 5xx, any other status, a body that is not JSON, a wrong number of scores or a score that is not a finite
-  number: one sentence, no retry (the server is broken, not unreachable).
+- any other 5xx, any other status, a body that is not JSON (or JSON nested deeper than 64 levels, an object that
+  gives a key twice, a number of more than 1,000 digits: each said as such), a wrong number of scores or a score that
+  is not a finite number: one sentence, no retry (the server is broken, not unreachable).
 
 Every sentence names the server by its address with credentials and query removed; the token is never shown (it is
 remembered for redaction, :mod:`jagg_core.setup.redact`).
@@ -40,6 +42,8 @@ import io
 import json
 import math
 import random
+import re
+import threading
 import time
 from typing import Annotated, Any, Literal, Mapping, NamedTuple, Sequence
 from urllib.parse import urlsplit, urlunsplit
@@ -57,6 +61,8 @@ _RETRIED_STATUS = (502, 503, 504)  # a proxy or a restarting judge: the request 
 _MAX_BACKOFF_S = 30.0
 _SHOWN_ERROR = 200  # characters of a server's own error text quoted in a sentence
 MAX_ANSWER = 64 * 2**20  # bytes of an answer read at most: scores of any batch fit many times over
+MAX_DEPTH = 64  # levels of [ and { in an answer: {"scores": [...]} needs 2
+MAX_DIGITS = 1000  # digits of one number in an answer: a float has at most 17 that count, 309 before its point
 
 
 class _Answer(NamedTuple):
@@ -120,7 +126,7 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     Args:
         url: the scoring endpoint, ``http://`` or ``https://`` (credentials in it are redacted wherever shown).
         token: sent as ``Authorization: Bearer <token>``; a secret (redacted from params, logs and errors).
-        timeout_s: seconds to connect, to send and to wait for each read of the answer.
+        timeout_s: seconds one request may take, all of it: connecting, sending and reading the whole answer.
         batch_size: images per request of a pointwise reward (a groupwise request is one whole group).
         retries: times a request is sent again after a transport failure (and 502/503/504).
         backoff_s: the first wait before a retry, doubled each time (at most 30 s).
@@ -169,7 +175,10 @@ class _Client:
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        # No kept-alive connection: each request connects anew, so its deadline knows the socket to cut (a local
+        # connect costs well under a millisecond; a judge scores a batch in hundreds).
         self.http = httpx.Client(timeout=httpx.Timeout(timeout_s), headers=headers, follow_redirects=False,
+                                 limits=httpx.Limits(max_keepalive_connections=0),
                                  trust_env=False)  # no proxy from the environment between the trainer and its judge
         self.jitter = random.Random()  # private: the training's own random streams stay untouched
 
@@ -191,16 +200,18 @@ class _Client:
     def _post(self, content: bytes):  # noqa: ANN202  (the answer, or (what failed, why, what to do) to retry)
         import httpx
 
+        deadline = _Deadline(self.timeout_s)
         try:
-            with self.http.stream("POST", self.url, content=content) as response:
+            with deadline, self.http.stream("POST", self.url, content=content,
+                                            extensions={"trace": deadline.trace}) as response:
                 answer = _Answer(response.status_code, _bounded_body(response, self.where))
-        except httpx.TimeoutException:
-            return (f"did not answer within {self.timeout_s:g} s", "",
-                    "if the judge is slow, raise reward.options.served.timeout_s")
-        except httpx.ConnectError as e:
-            return ("cannot be reached", _reason(e), "check that it runs and that reward.options.served.url is its "
-                    "address")
-        except (httpx.NetworkError, httpx.RemoteProtocolError) as e:
+        except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:
+            if deadline.expired or isinstance(e, httpx.TimeoutException):  # cut at its deadline, or one step timed out
+                return (f"did not answer within {self.timeout_s:g} s", "",
+                        "if the judge is slow, raise reward.options.served.timeout_s")
+            if isinstance(e, httpx.ConnectError):
+                return ("cannot be reached", _reason(e), "check that it runs and that reward.options.served.url is "
+                        "its address")
             return "dropped the connection", _reason(e), "check the server's log"
         except httpx.HTTPError as e:  # a request this client cannot make at all (a bad address): not retried
             raise ServedRewardError(f"the reward server at {self.where} cannot be asked: {_reason(e)}.") from None
@@ -218,7 +229,10 @@ class _Client:
             raise ServedRewardError(f"the reward server at {self.where} answered HTTP {status}{_said(answer.body)} "
                                     f"instead of scores.")
         try:
-            parsed = json.loads(answer.body)
+            parsed = _parse(answer.body)
+        except _Unreadable as e:
+            raise ServedRewardError(f"the reward server at {self.where} answered {e}; it must answer "
+                                    f"{{\"scores\": [...]}} (docs/rewards_served.md).") from None
         except (ValueError, UnicodeDecodeError):
             raise ServedRewardError(f"the reward server at {self.where} answered something that is not JSON "
                                     f"({_start(answer.body.decode('utf-8', 'replace'))!r}); it must answer "
@@ -257,8 +271,8 @@ def _start(text: str) -> str:
 def _said(body: bytes) -> str:
     """`` ("<the server's error>")`` when ``body`` is ``{"error": "..."}``, else nothing."""
     try:
-        error = json.loads(body).get("error")
-    except (ValueError, UnicodeDecodeError, AttributeError):
+        error = _parse(body).get("error")
+    except (ValueError, UnicodeDecodeError, AttributeError):  # _Unreadable is a ValueError
         return ""
     return f" ({redact(' '.join(str(error).split())[:_SHOWN_ERROR])})" if error else ""
 
@@ -282,3 +296,88 @@ def _bounded_body(response, where: str) -> bytes:  # noqa: ANN001  (an httpx str
             raise ServedRewardError(f"the reward server at {where} answered more than {MAX_ANSWER // 2**20} MiB; "
                                     f"an answer is a list of scores.")
     return bytes(body)
+
+
+class _Deadline:
+    """One request's deadline: a context that, once ``seconds`` have passed, shuts the request's socket (found
+    through httpcore's ``trace`` extension as it connects), so that a read or a write blocked on it returns at once.
+    A server that drips its answer a byte at a time never lets one read time out; this bounds all of them."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.expired = seconds, False
+        self.sockets: list[Any] = []
+        self.lock = threading.Lock()
+        self.timer = threading.Timer(seconds, self._expire)
+        self.timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self.timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.timer.cancel()
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        """httpcore's trace hook: keep the socket of each connection this request opens (TCP, then TLS)."""
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete"):
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                with self.lock:
+                    self.sockets.append(sock)
+                    if self.expired:
+                        _shut(sock)
+
+    def _expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            for sock in self.sockets:
+                _shut(sock)
+
+
+def _shut(sock: Any) -> None:
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:  # closed already: the request ended as the deadline came
+        pass
+
+
+class _Unreadable(ValueError):
+    """An answer that is JSON the client will not read; its text is what is wrong, for a sentence."""
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+
+
+def _parse(body: bytes) -> Any:
+    """``body`` as JSON, bounded: nested at most :data:`MAX_DEPTH` levels, no key twice in an object, no number of
+    more than :data:`MAX_DIGITS` digits (each an :class:`_Unreadable` saying so); ValueError if it is not JSON."""
+    brackets = _NOT_BRACKET.sub(b"", _STRING.sub(b"", body))  # [ ] { } outside strings, in order
+    depth = 0
+    for b in brackets:
+        depth += 1 if b in b"[{" else -1
+        if depth > MAX_DEPTH:
+            raise _Unreadable(f"JSON nested deeper than {MAX_DEPTH} levels")
+    return json.loads(body, object_pairs_hook=_no_key_twice, parse_int=_number(int), parse_float=_number(float))
+
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Unreadable(f"JSON whose key {_start(key)!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+def _number(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        digits = sum(c.isdigit() for c in text)
+        if digits > MAX_DIGITS:
+            raise _Unreadable(f"a number of {digits:,} digits")
+        return kind(text)
+
+    return parse
