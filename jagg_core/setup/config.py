@@ -10,7 +10,6 @@ naming the field, the value and the fix (:class:`ParamsError`). Reading a params
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union, get_args
 
@@ -18,6 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from ..errors import UserError
 from ..modes import MODES, RANDOM_ANCHOR, VARIANTS
+from .names import MAX_NAME, NAME as _NAME, is_name as _is_name
 from .options import Count, Number, Section
 from .paths import inside
 from .redact import holds_secret, redact, remember
@@ -28,12 +28,10 @@ __all__ = [
     "ParamsError",
 ]
 
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*\Z")
 # A rollout keeps every image's latent at every step until the update: the product of its sizes is bounded before
 # anything is allocated (the paper's recipes take at most 384 images of 51 steps; the toy 128 of 13).
 MAX_IMAGES_PER_ITERATION = 8192
 MAX_IMAGE_STEPS = 262_144
-MAX_NAME = 64  # a name (profile, outputs, method) becomes folder names and MLflow run names: keep it short
 
 
 class ParamsError(UserError, ValueError):
@@ -49,10 +47,6 @@ def _jagg_frac(v: Any) -> float | str | None:
 
 
 JaggFrac = Annotated[Union[float, str, None], BeforeValidator(_jagg_frac)]
-
-
-def _is_name(v: Any) -> bool:
-    return isinstance(v, str) and _NAME.fullmatch(v) is not None and len(v) <= MAX_NAME
 
 
 class LoraConfig(Section):
@@ -444,6 +438,9 @@ class ResourcesConfig(Section):
         "(in-process), or each as a flow run of its own on the Prefect work pool, taken by whichever worker of it is "
         "free on any host (pool: the project folder on a filesystem every worker sees and an MLflow server in "
         "tracking.mlflow_uri; docs/scaling.md)")
+    pool_wait_s: float = Field(3600.0, ge=0, le=7 * 86400, description="with dispatch: pool, seconds a sweep waits "
+                               "while no worker has taken any of its units in flight, then fails in one sentence (0: "
+                               "for ever; docs/scaling.md)")
 
     @model_validator(mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from ..errors import UserError, sentence
+from .names import is_name, name_rule
 from .options import OptionSchema, option_reader, read_options
 from .storage import read_regular
 
@@ -36,6 +38,7 @@ __all__ = ["ENTRY_POINT_GROUP", "BackboneSpec", "CostFacts", "PluginError", "Rew
            "backbone_spec", "load_plugins", "remove", "reward_names", "reward_spec"]
 
 ENTRY_POINT_GROUP = "jagg.plugins"
+log = logging.getLogger(__name__)
 
 
 class PluginError(UserError, ValueError):
@@ -138,6 +141,10 @@ def _origin(spec: BackboneSpec | RewardSpec) -> str:
 def add(kind: Literal["backbone", "reward"], spec: BackboneSpec | RewardSpec) -> None:
     """Register ``spec`` (what ``register_backbone`` / ``register_reward`` call); a taken name is one sentence."""
     origin = _origin(spec)
+    if not is_name(spec.name, dots=True):  # it becomes metric keys (reward/<name>/…), MLflow params and file names
+        shown = repr(spec.name)[:80] if isinstance(spec.name, str) else type(spec.name).__name__
+        raise PluginError(f"{kind} name {shown} of {origin} must match {name_rule(dots=True)} (it names metric keys, "
+                          f"MLflow params and folders); give it such a name.")
     spec = type(spec)(**{**spec.__dict__, "origin": origin})
     taken = _SPECS[kind].get(spec.name)
     if taken is not None:
@@ -163,7 +170,15 @@ def _import(label: str, load: Callable[[], Any], module: str | None = None) -> N
     except PluginError as e:
         _FAILED[label] = e
         raise
-    except Exception as e:  # noqa: BLE001  (a plugin's own error, whatever it is, is one sentence naming it)
+    except KeyboardInterrupt:  # Ctrl-C (or a plugin raising it) stays an interruption, named, never a silent skip:
+        _LOADED.discard(label)  # asked for again, the plugin is imported again
+        log.error("interrupted while importing plugin %s", label)
+        raise
+    except SystemExit as e:  # sys.exit() in a plugin ended `jagg train` with its status, silently, having done nothing
+        _FAILED[label] = PluginError(f"plugin {label} exited while importing (SystemExit({repr(e.code)[:60]})); a "
+                                     f"plugin registers its rewards and backbones and returns: remove the exit.")
+        raise _FAILED[label] from None
+    except BaseException as e:  # noqa: BLE001  (a plugin's own error, whatever it is, is one sentence naming it)
         _FAILED[label] = PluginError(f"plugin {label} failed to import: {type(e).__name__}: {sentence(e, 300)}")
         raise _FAILED[label] from None
     finally:
