@@ -39,6 +39,7 @@ __all__ = [
     "check_reward_options",
     "check_metric",
     "check_rewards",
+    "checked_scores",
     "make_metric",
     "make_reward",
     "register_reward",
@@ -118,23 +119,62 @@ _BUILT: dict[tuple[str, Any], RewardFn] = {}  # (name, frozen options) -> the re
 def _cached(name: str, options: Mapping[str, Any]) -> RewardFn:
     key = (name, _freeze(options))
     if key not in _BUILT:
-        fn = _spec(name).factory(**options)
-        kind = reward_kind(name, options)
-        try:
-            fn.kind = kind  # what the weighted reward reads to call it per batch or per prompt group
-        except AttributeError:  # a callable without attributes (a bound method): wrapped in one that has them
-            fn = _with_kind(fn, kind)
-        _BUILT[key] = fn
+        spec = _spec(name)
+        _BUILT[key] = _Checked(name, spec.origin, spec.factory(**options), reward_kind(name, options))
     return _BUILT[key]
 
 
-def _with_kind(fn: RewardFn, kind: str) -> RewardFn:
-    def wrapped(images, prompts, metadata):
-        return fn(images, prompts, metadata)
+class _Checked:
+    """A built reward, every call of it checked (:func:`checked_scores`): the one place a reward's answer is read,
+    for training (pointwise, groupwise, on clips' frames) and evaluation alike. ``kind`` is what the weighted reward
+    reads to call it per batch or per prompt group; any other attribute (``modules``, …) is the reward's own."""
 
-    wrapped.kind = kind
-    wrapped.modules = getattr(fn, "modules", ())
-    return wrapped
+    def __init__(self, name: str, origin: str, fn: RewardFn, kind: str):
+        self.name, self.origin, self.fn, self.kind = name, origin, fn, kind
+
+    def __call__(self, images, prompts, metadata):
+        answer = self.fn(images, prompts, metadata)
+        return checked_scores(self.name, self.origin, answer, len(prompts), self.kind)
+
+    def __getattr__(self, attr: str) -> Any:  # only for what __init__ did not set
+        if attr == "fn":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(attr)
+        return getattr(self.fn, attr)
+
+
+def checked_scores(name: str, origin: str, answer: Any, n: int, kind: str = "pointwise"
+                   ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A reward's answer for ``n`` images, or one sentence naming the reward: ``(scores, info)`` with ``scores`` a
+    (n,) tensor of a floating dtype and finite values, ``info`` a dict.
+
+    Integer or bool scores are refused, not converted (a count or a verdict is a score the reward should give as
+    the float it means). A NaN or an infinity stops the run, as a served reward's does (its server's answer is checked
+    in :mod:`.served`): an update computed from it is skipped anyway, and a reward that always answers NaN used to skip
+    every update and end FINISHED with checkpoints of the untrained model."""
+    who = f"reward {name!r} ({kind})"
+    where = f" ({name!r} is registered by {origin})" if origin and origin != name else ""
+    what = "a group" if kind == "groupwise" else "a batch"
+    if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[1], dict)):
+        got = f"a tuple of {len(answer)}" if isinstance(answer, tuple) else f"a {type(answer).__name__}"
+        raise RewardError(f"{who} returned {got}; a reward returns (scores, info): a ({n},) tensor of scores and a "
+                          f"dict of extras ({{}} for none){where}.")
+    scores, info = answer
+    if not isinstance(scores, torch.Tensor):
+        raise RewardError(f"{who} returned its scores as a {type(scores).__name__}; a reward returns a ({n},) torch "
+                          f"tensor of floats, one score per image{where}.")
+    if tuple(scores.shape) != (n,):
+        raise RewardError(f"{who} returned {scores.numel()} scores for {what} of {n} images (shape "
+                          f"{tuple(scores.shape)}); it must return one score per image, a ({n},) tensor{where}.")
+    if not scores.is_floating_point():
+        raise RewardError(f"{who} returned scores of dtype {scores.dtype}, which jagg refuses rather than converts: "
+                          f"return the floats they stand for (e.g. scores.float()){where}.")
+    bad = ~torch.isfinite(scores.detach())
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise RewardError(f"{who} gave image {i} of {what} of {n} the score {float(scores[i])}, not a finite number; "
+                          f"a reward's scores must be finite, so jagg stops here as it does for a served reward's "
+                          f"NaN{where}.")
+    return scores, info
 
 
 def loaded_rewards() -> list[RewardFn]:
