@@ -16,6 +16,7 @@ tests run it).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
@@ -90,7 +91,7 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
             line = f"{cmd.group(1)}cmd: python -m {cmd.group(2)} --profile {profile}{cmd.group(3)}"
         out.append(line.replace("${profile}", profile))
         if re.fullmatch(r"\s+deps:\s*", line):  # a plugin file is code every stage runs (params validation)
-            out += [f"{line[:line.index('deps')]}  - {f}" for f in plugins]
+            out += [f"{line[:line.index('deps')]}  - {_scalar(f)}" for f in plugins]
     if cmds != len(parse_yaml(template, str(TEMPLATE))["stages"]):
         raise ParamsError(f"{TEMPLATE}: every stage's cmd must be one line `cmd: python -m tasks.<module> ...`.")
     head = [
@@ -106,6 +107,26 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
     return "\n".join(head + out) + "\n"
 
 
+def _scalar(text: str) -> str:
+    """``text`` as a YAML scalar that reads back as ``text``: plain where it does, else double-quoted (a plugin at
+    ``my #plug.py`` was written plain and DVC read ``my``: the plugin was not tracked)."""
+    try:
+        plain = parse_yaml(f"- {text}", "a plugin path") == [text]
+    except ParamsError:
+        plain = False
+    return text if plain else json.dumps(text)  # a JSON string is a YAML double-quoted scalar
+
+
+def _plugins_tracked(text: str, plugins: list[str], profile: str) -> None:
+    """Every stage of a pipeline lists every plugin file as a dependency, as written (one sentence otherwise)."""
+    for stage, body in parse_yaml(text, profile)["stages"].items():
+        deps = body.get("deps") or []
+        missing = [f for f in plugins if f not in deps]
+        if missing:
+            raise ParamsError(f"profile {profile}: its pipeline's stage {stage} would not track the plugin file "
+                              f"{missing[0]!r} (DVC reads its deps otherwise); rename the file.")
+
+
 def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, str]:
     """Every profile's pipeline file (relative to ``root``) -> its text; each profile is validated as it loads."""
     params_path = params_path or root / "params.yaml"
@@ -115,6 +136,7 @@ def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, 
     for name in profile_names(raw):
         params = load_params(params_path, name)  # a profile that does not load would fail every stage
         text = pipeline_text(template, raw, name)
+        _plugins_tracked(text, [str(f) for f in params.plugins], name)
         matrix = parse_yaml(text, name)["stages"]["train"]["matrix"]
         sweep = {k: _lookup(raw, matrix[k][2:-1]) for k in ("method", "seed")}
         if sweep != {"method": params.run.methods, "seed": params.run.seeds}:  # the interpolation reads the runs
