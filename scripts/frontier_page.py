@@ -68,8 +68,9 @@ def _read_json(path: Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
-def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """One row per method of the summary: its settings, speedups, gain, paired difference, verdict and cosine."""
+def rows_of(s: dict[str, Any], cos: dict[str, Any] | None, screen: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """One row per method of the summary: its settings, speedups, gain, paired difference, verdict and cosine (from
+    ``cos``, else from the screen's expected one-draw cosine)."""
     fix = f"write it with {REPORT}"
     if s.get("profile") != "toy-w":
         raise PageError(f"the summary is the report of profile {str(s.get('profile'))[:40]!r}; this page describes toy-w's "
@@ -90,7 +91,7 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
     side = s.get("side_by_side") or {}
     side_rows = {r["method"]: r for r in side.get("table", [])}
     side_methods = side.get("methods", {})
-    cos_methods = (cos or {}).get("methods", {})
+    cos_methods = {**(screen or {}).get("methods", {}), **(cos or {}).get("methods", {})}
     out = []
     for m, f in final.items():
         try:
@@ -103,6 +104,8 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None) -> list[dict[str, Any
         sp = speed.get(m, {})
         sr = side_rows.get(m)
         row = {"method": m, "mode": sp.get("mode", "?"), "window": sp.get("window"), "anchors": sp.get("anchors"),
+               "random_anchor": (s.get("side_by_side") or {}).get("made_from", {}).get("methods", {}).get(m, {})
+               .get("random_anchor"),
                "reuse": bool(side_methods.get(m, {}).get("reuse", False)), "seeds": f.get("seeds", 0),
                "gain": gain, "gain_prompts": gain_prompts, "checks": checks}
         if sr:
@@ -165,6 +168,193 @@ def per_kilosecond(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
         out[m] = {"per_ks": _t_interval(list(by_seed.values())), "seconds_per_iteration": spi[m],
                   "per_ks_paired": None if m == "baseline" else _t_interval([by_seed[k] - b[k] for k in seeds])}
     return out
+
+
+def merge_confirmation(rows: list[dict[str, Any]], s: dict[str, Any], extra: dict[str, Any],
+                       extra_rows: list[dict[str, Any]]) -> str:
+    """Add the confirmation run's methods (its baseline aside) to the study's rows, each paired with the baseline of
+    its own run (the same seeds), and say how that baseline compares with the study's, seed by seed."""
+    prim = s["primary"]
+    seen = {r["method"] for r in rows}
+    for r in extra_rows:
+        if r["method"] != "baseline" and r["method"] not in seen:
+            rows.append({**r, "confirmation": True})
+    finals = {}
+    for summary in (s, extra):
+        finals[id(summary)] = {int(r["seed"]): r["final"][prim] for r in summary.get("runs", [])
+                               if r.get("method") == "baseline"}
+    a, b = finals[id(s)], finals[id(extra)]
+    common = sorted(set(a) & set(b))
+    if not common:
+        return "The confirmation run's baseline shares no seed with the study's."
+    d = max(abs(a[k] - b[k]) for k in common)
+    same = "the same scores to the last bit" if d == 0 else f"its scores within {d:.1e} of the study's"
+    return (f"The confirmation run retrained the exact baseline on seeds {common[0]}–{common[-1]} beside its methods: "
+            f"{same} (largest difference over the {len(common)} seeds), so each new row is paired with the baseline "
+            f"of its own run.")
+
+
+SCREEN_ORDER = ("baseline", "jagg", "jagg-k3", "jagg-k4", "k3at", "jagg-u", "jagg-ui", "jagg-uia", "jagg-uh")
+
+
+def _screen_rank(m: str) -> tuple[int, str]:
+    return next((i for i, p in enumerate(SCREEN_ORDER) if m == p or (p == "k3at" and m.startswith(p))),
+                len(SCREEN_ORDER)), m
+
+
+def screen_table(screen: dict[str, Any], rows: list[dict[str, Any]], speed_table: list[dict] | None = None) -> str:
+    """The screen: every variant's expected one-draw cosine and relative MSE against the exact gradient, its bias
+    (‖E g − g‖/‖g‖) and cos(E g, g), with the ideal and measured update speedups: the side-by-side ``speed_table``'s
+    (one `jagg speed` over every variant) where given, else a run's."""
+    speed = {r["method"]: {"ideal": _f(r.get("ideal")), "measured": _f(r.get("speedup"))} for r in speed_table or []} \
+        or {r["method"]: r for r in rows}
+    head = ("| variant | one draw: cos(g, exact) | one draw: ‖g − exact‖²/‖exact‖² | bias ‖E g − exact‖/‖exact‖ | "
+            "cos(E g, exact) | ideal speedup | measured speedup |\n|---|---|---|---|---|---|---|")
+    out = [head]
+    for m, v in sorted(screen.get("methods", {}).items(), key=lambda kv: _screen_rank(kv[0])):
+        if "mse" not in v:
+            continue
+        ci = lambda d, k=3: f"{_f(d['mean']):.{k}f} [{_f(d['lo']):.{k}f}, {_f(d['hi']):.{k}f}]"  # noqa: E731
+        sp = speed.get(m)
+        ideal, measured = (f"{sp['ideal']:.2f}×", f"{sp['measured']:.2f}×") if sp else ("–", "–")
+        out.append(f"| {m} | {ci(v['cos'])} | {ci(v['mse'])} | {ci(v['bias'])} | {ci(v['cos_mean'])} | "
+                   f"{ideal} | {measured} |")
+    return "\n".join(out)
+
+
+def cross_paired(s: dict[str, Any], extra: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
+    """``a`` (a method of the confirmation run) − ``b`` (one of the study's), paired by seed: meaningful only because
+    both runs' baselines are the same bits (merge_confirmation says whether they are)."""
+    prim = s["primary"]
+
+    def finals(summary, m):
+        return {int(r["seed"]): r["final"][prim] for r in summary.get("runs", []) if r.get("method") == m}
+
+    fa, fb = finals(extra, a), finals(s, b)
+    seeds = sorted(set(fa) & set(fb))
+    return _t_interval([fa[k] - fb[k] for k in seeds]) if seeds else None
+
+
+def _flow(text: str) -> str:
+    """Paragraphs of prose joined into one line each (wrap() folds them); tables, headings, lists kept as they are."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        plain = line and not line.startswith(("|", "#", "- ", "![", "  "))
+        if plain and out and out[-1] and not out[-1].startswith(("|", "#", "![")) and not out[-1].endswith("  "):
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def unbiased_section(s: dict[str, Any], rows: list[dict[str, Any]], screen: dict[str, Any] | None,
+                     al: dict[str, Any] | None, extra: dict[str, Any] | None, merge_note: str, args,
+                     speed_table: list[dict] | None = None) -> str:
+    """The unbiased JAGG: the screen of the estimators, the errors' alignment across rollouts, the confirmation."""
+    from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN as margin
+
+    if not screen:
+        return ""
+    sm = screen.get("methods", {})
+    by = {r["method"]: r for r in rows}
+
+    def v(m: str, k: str) -> float:
+        return _f(sm.get(m, {}).get(k, {}).get("mean"))
+
+    place = [m for m in sm if m.startswith("k3at")] + (["jagg-k3"] if "jagg-k3" in sm else [])
+    best = max(place, key=lambda m: v(m, "cos")) if place else None
+    out = [f"""## A JAGG that holds over 8 steps? The unbiased JAGG
+
+Every deterministic variant above interpolates the Jacobians between anchors, and the interpolation is wrong the same
+way every iteration: an error that adds up. The **unbiased JAGG** removes it at the cost of one more graph: besides
+the two endpoints, one step r of the group is drawn with probability p_r and its interpolation error is corrected
+with weight 1/p_r (`jagg.random_anchor`, jagg_core/jagg.py); still one joint backward, over 3 graphs — K = 3's cost,
+24/14 = 1.71× ideal — and on average the exact gradient (a float64 test: the law-weighted mean over every draw is exact
+to 1e-12). The price is variance: one draw's error is 1/p_r times one step's. Four variants were screened: (1) the
+unbiased JAGG drawn **per group** (`jagg-u`, the issue's randomised anchor); (2) drawn **per image** (each image its own
+step, stratified over the images, so one backward averages many draws: the variance-reduced one we expected to win),
+with the uniform law (`jagg-ui`) and with **p ∝ α(1 − α)** (`jagg-uia`: where a smooth velocity's interpolation error
+is largest); (3) a **half correction** (`jagg-uh`: λ = 0.5, `jagg.random_anchor_weight`: half the bias, a quarter of the
+variance: a point between JAGG and the unbiased one); (4) **K = 3 anchors placed where the error is** (`k3atM`: the
+third anchor at step M, `jagg.anchor_at`, the position searched over M = 1 … 6 in the screen; M = 4 is the even `jagg-k3`).
+
+### The screen
+
+`scripts/jagg_fidelity_study.py --methods …` ([methods.json](frontier/screen/methods.json)) on the same models and
+rollouts as the cosines above ({', '.join(screen.get('models', []))}; {screen.get('meta', {}).get('rollouts', '?')}
+rollouts each, {screen.get('meta', {}).get('max_readings', '?')} readings of {screen.get('meta', {}).get('reading', '?')}
+images per rollout): for each reading, the exact gradient and each estimator's; a random-anchor method's law enumerated
+exactly (every drawn step, weighted by p_r) for its expectation, and, per image, {screen.get('meta', {}).get('draws', '?')}
+seeded draws for its one-draw figures. Intervals: Student-t over (model, rollout) units.
+
+{screen_table(screen, rows, speed_table)}
+
+What it says. JAGG's error is all bias: its one-draw relative squared error {v('jagg', 'mse'):.3f} is its bias squared
+({v('jagg', 'bias'):.3f}²). The unbiased JAGG has no bias (cos(E g, exact) = 1 to rounding) but one draw's squared
+error is {v('jagg-u', 'mse'):.3f} per group and {v('jagg-ui', 'mse'):.3f} per image — {v('jagg-u', 'mse') / v('jagg', 'mse'):.1f}× JAGG's:
+drawing per image does not lower it (the images' errors point in unrelated directions, so stratifying over them buys
+nothing here), nor does p ∝ α(1 − α) ({v('jagg-uia', 'mse'):.3f}). The half correction sits between
+(bias {v('jagg-uh', 'bias'):.3f}, squared error {v('jagg-uh', 'mse'):.3f}). Placing K = 3's third anchor by the measured
+error moves little: the best placement{f' ({best}, cos {v(best, "cos"):.4f})' if best else ''} against the even one
+(jagg-k3, cos {v('jagg-k3', 'cos'):.4f}).
+"""]
+    if al:
+        out.append("### Is JAGG's error a bias that adds up?\n\n" + alignment_note(al) + "\n")
+        am = al.get("methods", {})
+
+        def a(m: str, k: str = "across_rollouts") -> float:
+            return _f(am.get(m, {}).get(k, {}).get("mean"))
+
+        out.append(f"The exact gradient of one reading repeats little of itself from one rollout to the next (cos "
+                   f"{a('exact'):+.3f}: GRPO's gradient of 16 images is mostly sampling noise), while JAGG's error "
+                   f"repeats {'more' if a('jagg') > a('exact') else 'no more'} (cos {a('jagg'):+.3f}) and the unbiased "
+                   f"draw's error {'does not' if abs(a('jagg-u')) < abs(a('jagg')) else 'does too'} "
+                   f"(cos {a('jagg-u'):+.3f}).\n")
+    if extra is not None:
+        conf = [r for r in rows if r.get("confirmation")]
+        lines = []
+        for r in conf:
+            p = r["paired"] or {}
+            vs_jagg = cross_paired(s, extra, r["method"], "jagg")
+            lines.append(f"- **{r['method']}**: gain {_mean_iv(r['gain'])}; − baseline (paired) {_mean_iv(p)} → "
+                         f"*{r['verdict']}* at the {margin:g} margin; measured update speedup {r['measured']:.2f}× "
+                         f"(ideal {r['ideal']:.2f}×); gain per 1000 s − baseline's "
+                         f"{_mean_iv(r['per_ks_paired']) if r.get('per_ks_paired') else '–'}"
+                         + (f"; − JAGG W = 8 of the study (paired by seed) {_mean_iv(vs_jagg)}" if vs_jagg else "")
+                         + ".")
+        out.append(f"""### The confirmation
+
+Chosen from the screen, not from the test split: the unbiased JAGG drawn per group (`jagg-u`), the purest test of the
+question — no bias, the most variance — and, of the two draws with the same squared error, the one with fewer calls
+(the per-image probe forwards every middle step on a subset of images: more, smaller calls). Trained on the toy-w recipe,
+10 seeds paired with the baseline's, {args.extra_how}. {merge_note}
+
+{chr(10).join(lines)}
+""")
+    return _flow("\n".join(out))
+
+
+def alignment_note(al: dict[str, Any] | None) -> str:
+    """How alike each estimator's error is from one rollout to the next, against the exact gradient's own repeat."""
+    if not al:
+        return ""
+    m = al.get("methods", {})
+
+    def c(name: str, key: str) -> str:
+        d = m.get(name, {}).get(key)
+        return "–" if not d else f"{_f(d['mean']):+.3f} [{_f(d['lo']):+.3f}, {_f(d['hi']):+.3f}]"
+
+    lines = ["| gradient | cos between two rollouts' (iterations apart, one model) | cos between two readings of one "
+             "rollout (other images) |", "|---|---|---|"]
+    for name in m:
+        what = "the exact gradient itself" if name == "exact" else f"{name}'s error (its gradient − exact)"
+        lines.append(f"| {what} | {c(name, 'across_rollouts')} | {c(name, 'within_rollout')} |")
+    meta = al.get("meta", {})
+    return (f"How alike an estimator's error is from one rollout to the next (`scripts/jagg_fidelity_study.py "
+            f"--methods … --alignment`, [alignment.json](frontier/screen/alignment.json): models "
+            f"{', '.join(meta.get('models', []))}, {meta.get('rollouts', '?')} rollouts each, readings of "
+            f"{meta.get('reading', '?')} images; the interval is Student-t over the models, each model's pairs "
+            f"averaged first; a random anchor's error is one seeded draw's):\n\n" + "\n".join(lines))
 
 
 def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
@@ -390,7 +580,8 @@ def margin_share(rows: list[dict[str, Any]], margin: float, prim: str) -> str:
     return f"{margin:g} `{prim}` is {100 * margin / g:.0f}% of the toy baseline's gain here ({g:+.4f})"
 
 
-def page(s: dict[str, Any], rows: list[dict[str, Any]], cos: dict[str, Any] | None, pilot: str, args) -> str:
+def page(s: dict[str, Any], rows: list[dict[str, Any]], cos: dict[str, Any] | None, pilot: str, args,
+         unbiased: str = "") -> str:
     from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN
 
     prim = s["primary"]
@@ -441,6 +632,8 @@ from the paired seeds' interval: *non-inferior* when all of it lies above −{NO
 all of it lies below, *not shown* otherwise. {cos_note}{checks_note(rows)}
 
 **The report's verdict sentence** (JAGG and the ablation at W = 8): {s.get('verdict') or '–'}
+
+{unbiased}
 
 ## Advice for a real run
 
@@ -493,6 +686,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--date", required=True)
     ap.add_argument("--commit", required=True)
     ap.add_argument("--out", default=str(ROOT / "docs/frontier.md"))
+    ap.add_argument("--screen", default="", help="the screen's methods.json (scripts/jagg_fidelity_study.py --methods)")
+    ap.add_argument("--alignment", default="", help="its alignment.json (--alignment)")
+    ap.add_argument("--extra-summary", default="", help="a confirmation run's summary.json: its methods are added")
+    ap.add_argument("--speed", default="", help="a `jagg speed` speed.json timing every screened variant side by side")
+    ap.add_argument("--extra-how", default="", help="how the confirmation run was made (command, commit, time)")
     args = ap.parse_args(argv)
     from jagg_core.setup.storage import atomic_write_text, read_regular
 
@@ -510,8 +708,19 @@ def main(argv: list[str] | None = None) -> int:
     except UnicodeDecodeError:
         raise PageError(f"{args.pilot} is not UTF-8 text; it holds the section on how the recipe was chosen.") \
             from None
-    rows = rows_of(s, cos)
-    text = wrap(page(s, rows, cos, pilot, args))  # the whole page is built before anything is written
+    screen = _read_json(Path(args.screen), "a methods.json", "write it with scripts/jagg_fidelity_study.py "
+                        "--methods") if args.screen else None
+    al = _read_json(Path(args.alignment), "an alignment.json", "write it with scripts/jagg_fidelity_study.py "
+                    "--alignment") if args.alignment else None
+    rows = rows_of(s, cos, screen)
+    extra, merge_note = None, ""
+    if args.extra_summary:
+        extra = _read_json(Path(args.extra_summary), "a report's summary", "pass the confirmation run's summary.json")
+        merge_note = merge_confirmation(rows, s, extra, rows_of(extra, cos, screen))
+    speed_table = (_read_json(Path(args.speed), "a speed.json of `jagg speed`", "write it with `jagg speed`")
+                   .get("table") if args.speed else None)
+    unbiased = unbiased_section(s, rows, screen, al, extra, merge_note, args, speed_table)
+    text = wrap(page(s, rows, cos, pilot, args, unbiased))  # the whole page is built before anything is written
     fig = out.parent / FIGURE
     fig.parent.mkdir(parents=True, exist_ok=True)
     draw(rows, s["primary"], fig)

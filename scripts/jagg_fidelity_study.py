@@ -466,15 +466,27 @@ def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: lis
         for k, idx in enumerate(readings):
             rows = torch.tensor(idx)
             g_exact = update_gradient(ctx, traj, scored.advantages, rows, exact)
+            enumerated: dict[tuple, list] = {}  # a law's draws, shared by the methods that draw from it
             for m, method in methods.items():
                 grad = lambda **kw: update_gradient(ctx, traj, scored.advantages, rows, method, **kw)  # noqa: E731
                 if method.mode == "exact":
                     stats = estimator_stats([(1.0, g_exact)], g_exact)
                 elif method.random_anchor is None:
                     stats = estimator_stats([(1.0, grad())], g_exact)
+                elif not args.enumerate:  # seeded draws only: their mean stands for the expectation (noisier)
+                    gens = [torch.Generator().manual_seed(derive_seed(args.seed, iteration, k, d))
+                            for d in range(args.draws)]
+                    stats = {**estimator_stats([(1 / args.draws, grad(generator=g)) for g in gens], g_exact),
+                             "bias_from_draws": args.draws}
                 else:  # every draw of the law, weighted: the expectation exactly, and one group-draw's spread
                     law = draw_law(traj, method)
-                    enum = [(p, grad(draw=j)) for j, p in law.items()]
+                    key = (tuple(law.items()), method.window, method.anchors, str(method.anchor_at),
+                           method.random_anchor_weight)  # λ scales every draw's correction: not shared across λ
+                    if key not in enumerated or not args.share_enumeration:
+                        # drawn per group or, every row at one step, per image: the same gradient (the rows' draws
+                        # are one group draw), so one enumeration serves both
+                        enumerated[key] = [(p, grad(draw=j)) for j, p in law.items()]
+                    enum = enumerated[key]
                     mean = sum(p * g for p, g in enum)
                     if method.random_anchor == "group":
                         stats = estimator_stats(enum, g_exact, mean)
@@ -486,6 +498,76 @@ def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: lis
                                  **stats})
         log(f"{name} rollout {iteration}: {len(readings)} readings of {args.reading} images, "
             f"{time.perf_counter() - t0:.1f} s; steps {traj.train_steps}")
+
+
+def alignment_main(args, out: Path, log) -> int:
+    """Is an estimator's error the same from one rollout to the next (a bias that adds up over iterations), or new
+    each time? For every model, rollout and reading (``--max-readings`` of ``--reading`` images) the exact gradient
+    g and each method's error e = g_method − g (a random anchor: one seeded draw); then the mean pairwise cosine of
+    the errors of different rollouts of one model (iterations apart), against the same for the exact gradients
+    themselves (how much of the signal repeats), and within a rollout between its readings (other images)."""
+    from itertools import combinations
+
+    from jagg_core.sampling import derive_seed
+    from jagg_core.setup.config import ResolvedMethod
+    from jagg_core.trainer.loop import _advantages, _rollout
+    from jagg_core.trainer.update import UpdateContext
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    vecs: dict[tuple, torch.Tensor] = {}  # (model, method, rollout, reading) -> the error (exact: the gradient)
+    names: list[str] = []
+    models = args.models.split(",")
+    for name in models:
+        r = _run_state(args, work)
+        names = [m for m in method_names(r.params, args.methods) if r.params.method(m).mode != "exact"]
+        log(f"model {name}: {_load_model(r, name, Path(args.ckpt_root))}; methods {', '.join(names)}")
+        ctx = UpdateContext(r.policy, r.method, r.params.sample, r.params.train, r.sync, r.autocast)
+        exact = ResolvedMethod(**{**r.params.method(names[0]).model_dump(), "name": "exact", "mode": "exact"})
+        for it in range(args.rollouts):
+            iteration = it + args.first_iteration
+            metrics: dict[str, float] = {}
+            traj = _rollout(r, iteration, iteration + 1, metrics)
+            scored = _advantages(r, traj, iteration + 1, metrics)
+            readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
+            for k, idx in enumerate(readings[: args.max_readings or None]):
+                rows = torch.tensor(idx)
+                g = update_gradient(ctx, traj, scored.advantages, rows, exact)
+                vecs[(name, "exact", it, k)] = g
+                for m in names:
+                    method = r.params.method(m)
+                    gen = torch.Generator().manual_seed(derive_seed(args.seed, iteration, k, 0))
+                    vecs[(name, m, it, k)] = update_gradient(ctx, traj, scored.advantages, rows, method,
+                                                             generator=gen) - g
+            log(f"{name} rollout {iteration}: {min(len(readings), args.max_readings or len(readings))} readings")
+
+    def cos(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(a @ b / (a.norm() * b.norm()))
+
+    summary: dict = {"methods": {}, "meta": {"models": models, "rollouts": args.rollouts, "reading": args.reading,
+                                             "max_readings": args.max_readings,
+                                             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}}
+    for m in ["exact", *names]:
+        across, within = [], []
+        for name in models:
+            keys = sorted(k for k in vecs if k[0] == name and k[1] == m)
+            by_roll: dict[int, list[tuple]] = {}
+            for key in keys:
+                by_roll.setdefault(key[2], []).append(key)
+            # across rollouts: reading 0 of each pair of rollouts (one unit per model: their mean)
+            firsts = [v[0] for v in by_roll.values()]
+            across.append(float(np.mean([cos(vecs[a], vecs[b]) for a, b in combinations(firsts, 2)])))
+            within += [float(np.mean([cos(vecs[a], vecs[b]) for a, b in combinations(v, 2)]))
+                       for v in by_roll.values() if len(v) > 1]
+        mean_a, lo_a, hi_a, n_a = t_interval(across)
+        mean_w, lo_w, hi_w, n_w = t_interval(within)
+        summary["methods"][m] = {"across_rollouts": {"mean": mean_a, "lo": lo_a, "hi": hi_a, "n": n_a},
+                                 "within_rollout": {"mean": mean_w, "lo": lo_w, "hi": hi_w, "n": n_w}}
+        log(f"{m}: cos across rollouts {mean_a:+.3f} [{lo_a:+.3f}, {hi_a:+.3f}] (models), within a rollout "
+            f"{mean_w:+.3f} [{lo_w:+.3f}, {hi_w:+.3f}]")
+    atomic_write_text(out / "alignment.json", json.dumps(summary, indent=1) + "\n")
+    log(f"wrote {out / 'alignment.json'}")
+    return 0
 
 
 def summarise_methods(rows: list[dict], names: Sequence[str]) -> dict:
@@ -511,9 +593,15 @@ def methods_main(args, out: Path, log) -> int:
     work.mkdir(parents=True, exist_ok=True)
     from jagg_core.trainer.update import UpdateContext
 
-    rows: list[dict] = []
+    models = args.models.split(",")
+    # --append: the readings of earlier calls on other models are kept (a screen measured model by model)
+    # (a (model, method) measured now replaces its earlier readings; the others are kept)
+    now = {m for m in args.methods.split(",")} if args.methods != "all" else None
+    rows: list[dict] = [x for x in _read_readings(out / "methods.jsonl")
+                        if x["model"] not in models or (now is not None and x["method"] not in now)] \
+        if args.append else []
     names: list[str] = []
-    for name in args.models.split(","):
+    for name in models:
         r = _run_state(args, work)  # a fresh policy per model
         names = method_names(r.params, args.methods)
         loaded = _load_model(r, name, Path(args.ckpt_root))
@@ -521,9 +609,10 @@ def methods_main(args, out: Path, log) -> int:
         log(f"model {name}: {loaded}; methods {', '.join(names)}")
         measure_methods(r, ctx, name, names, args, rows, log)
     atomic_write_text(out / "methods.jsonl", "".join(json.dumps(rec) + "\n" for rec in rows))  # whole or not at all
-    summary = summarise_methods(rows, names)
-    summary["meta"] = {"profile": args.profile, "models": args.models, "rollouts": args.rollouts,
-                       "reading": args.reading, "max_readings": args.max_readings, "draws": args.draws, "seed": args.seed, "first_iteration": args.first_iteration,
+    summary = summarise_methods(rows, list(dict.fromkeys([*(x["method"] for x in rows), *names])))
+    summary["meta"] = {"profile": args.profile, "models": ",".join(dict.fromkeys(x["model"] for x in rows)),
+                       "rollouts": args.rollouts, "reading": args.reading, "max_readings": args.max_readings,
+                       "draws": args.draws, "seed": args.seed, "first_iteration": args.first_iteration,
                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                        "command": " ".join(["python", "scripts/jagg_fidelity_study.py", *sys.argv[1:]])}
     atomic_write_text(out / "methods.json", json.dumps(summary, indent=1) + "\n")
@@ -854,6 +943,15 @@ def main(argv=None) -> int:
     ap.add_argument("--reading", type=int, default=16, help="--methods: images per reading, spread over the prompts")
     ap.add_argument("--max-readings", type=int, default=0, help="--methods: at most this many readings per rollout "
                     "(0: every reading the rollout's signal rows make)")
+    ap.add_argument("--enumerate", action=argparse.BooleanOptionalAction, default=True,
+                    help="--methods: a random-anchor method's expectation from every draw of its law (else from the "
+                         "seeded --draws alone, bias then overstated by their spread)")
+    ap.add_argument("--alignment", action="store_true", help="--methods: instead, how alike each method's error is "
+                    "from one rollout to the next (alignment.json): a bias adds up over iterations, noise does not")
+    ap.add_argument("--append", action="store_true", help="--methods: keep methods.jsonl's readings of other models "
+                    "and summarise them with these")
+    ap.add_argument("--share-enumeration", action=argparse.BooleanOptionalAction, default=True,
+                    help="--methods: methods with one law share its enumerated draws within a reading")
     ap.add_argument("--draws", type=int, default=6, help="--methods: seeded draws per reading of a per-image random "
                     "anchor (its one-draw cosine and MSE; the bias is from the exact enumeration of its law)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -882,6 +980,8 @@ def main(argv=None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
 
+    if args.methods and args.alignment:
+        return alignment_main(args, out, log)
     if args.methods:
         return methods_main(args, out, log)
     if not args.summarise_only:
