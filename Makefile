@@ -41,14 +41,18 @@ test-fast: setup
 	$(BIN)/lint-imports
 	$(PYTEST) -m "not slow"
 
-# DVC reproduces one profile's pipeline, pipelines/$(PROFILE)/dvc.yaml: params.yaml's `profile` key (toy) unless
-# given (`make repro PROFILE=toy-full`). `make pipelines` writes every profile's pipeline from pipelines/template.yaml
-# and params.yaml; `make repro` first checks that they are up to date (a profile whose overlay gained a run key).
-PROFILE ?= $(shell sed -n 's/^profile:[[:space:]]*\([a-z0-9_-]*\).*/\1/p' params.yaml)
+# DVC reproduces one profile's pipeline: params.yaml's `profile` key (toy) unless given (`make repro PROFILE=toy-full`).
+# The active profile's (that key's) is the repository's dvc.yaml, so `make repro` is a bare `dvc repro`; every other
+# one's is pipelines/$(PROFILE)/dvc.yaml. `make pipelines` writes every profile's pipeline from pipelines/template.yaml
+# and params.yaml (and, after `profile` changed, moves the root one and its dvc.lock); `make repro` first checks that
+# they are up to date (a profile whose overlay gained a run key, a `profile` changed).
+ACTIVE := $(or $(shell sed -n 's/^profile:[[:space:]]*\([a-z0-9_.-]*\).*/\1/p' params.yaml),toy)
+PROFILE ?= $(ACTIVE)
+PIPELINE = $(if $(filter-out $(ACTIVE),$(PROFILE)),pipelines/$(PROFILE)/dvc.yaml)
 
 pipelines: setup
 	$(BIN)/python -m tasks.dvc_pipelines
 
 repro: setup
 	$(BIN)/python -m tasks.dvc_pipelines --check
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro pipelines/$(PROFILE)/dvc.yaml
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/dvc repro $(PIPELINE)

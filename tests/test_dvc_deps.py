@@ -2,8 +2,8 @@
 
 A stage whose deps miss a module it runs is never rerun when that module changes (the sampler, say); a dep it does
 not import reruns it for nothing. Sub-packages may be listed as folders. The deps are written once, in
-pipelines/template.yaml; each profile's pipelines/<profile>/dvc.yaml is written from it (tasks/dvc_pipelines.py), and
-both are checked here.
+pipelines/template.yaml; each profile's pipeline (the active profile's is the root's dvc.yaml, every other one's
+pipelines/<profile>/dvc.yaml) is written from it (tasks/dvc_pipelines.py), and both are checked here.
 
     python tests/test_dvc_deps.py     # print each stage's import closure as pipelines/template.yaml deps
 """
@@ -79,8 +79,15 @@ def import_closure(module: str) -> frozenset[str]:
 
 
 def _pipelines() -> list[Path]:
-    """The template and every profile's pipeline."""
-    return [REPO / "pipelines/template.yaml", *sorted((REPO / "pipelines").glob("*/dvc.yaml"))]
+    """The template and every profile's pipeline (the active profile's is the root's dvc.yaml)."""
+    return [REPO / "pipelines/template.yaml", REPO / "dvc.yaml", *sorted((REPO / "pipelines").glob("*/dvc.yaml"))]
+
+
+def _profile(path: Path) -> str:
+    """The profile a written pipeline is of (the root's: the one its commands are given)."""
+    if path.parent != REPO:
+        return path.parent.name
+    return re.search(r"--profile (\S+)", path.read_text()).group(1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +95,7 @@ def _stages(files: tuple[Path, ...] | None = None) -> dict[str, tuple[str, list[
     """``<pipeline>:<stage>`` -> (the module its command runs, its code deps)."""
     out = {}
     for path in files or _pipelines():
-        where = path.parent.name if path.name == "dvc.yaml" else path.stem
+        where = _profile(path) if path.name == "dvc.yaml" else path.stem
         for name, st in yaml.safe_load(path.read_text())["stages"].items():
             module = re.search(r"python -m ([\w.]+)", st["cmd"]).group(1)
             code = [d for d in st["deps"] if d.split("/")[0] in LOCAL]
@@ -97,7 +104,7 @@ def _stages(files: tuple[Path, ...] | None = None) -> dict[str, tuple[str, list[
 
 
 def test_every_profile_has_a_pipeline_checked_here():
-    assert {p.parent.name for p in _pipelines()[1:]} >= {"toy", "toy-full", "toy-mix", "ci", "flux-fast"}
+    assert {_profile(p) for p in _pipelines()[1:]} >= {"toy", "toy-full", "toy-mix", "ci", "flux-fast"}
 
 
 def _covered(path: str, dep: str) -> bool:

@@ -1,6 +1,8 @@
-"""Each profile's DVC pipeline (pipelines/<profile>/dvc.yaml, written by tasks/dvc_pipelines.py) runs that profile's
-runs: what `dvc stage list` shows is what `jagg run --profile <it>` trains, and `dvc exp run -S` / an edit of the key
-its sweep is read from changes the stages. Listing only parses, so the real backbones' profiles are checked too."""
+"""Each profile's DVC pipeline (written by tasks/dvc_pipelines.py: the active profile's is the root's dvc.yaml, every
+other one's pipelines/<profile>/dvc.yaml) runs that profile's runs: what `dvc stage list` shows is what `jagg run
+--profile <it>` trains, and `dvc exp run -S` / an edit of the key its sweep is read from changes the stages. Listing
+only parses, so the real backbones' profiles are checked too. Changing params.yaml's `profile` and running the
+generator moves the root pipeline and its dvc.lock."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import yaml
 
 from conftest import REPO
 from jagg_core.setup.params_io import load_params
-from tasks.dvc_pipelines import GENERATED, pipelines, profile_names, stale
+from jagg_core.setup.config import ParamsError
+from tasks.dvc_pipelines import GENERATED, active_profile, pipelines, profile_names, stale, write
 
 BIN = Path(sys.executable).parent
 OTHER_STAGES = {"prepare", "pretrain", "evaluate-base", "speed", "report"}
@@ -36,17 +39,20 @@ def _dvc_project(tmp_path: Path) -> Path:
     root.mkdir()
     shutil.copy(REPO / "params.yaml", root / "params.yaml")
     shutil.copytree(REPO / "pipelines", root / "pipelines", ignore=shutil.ignore_patterns("dvc.lock"))
+    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
     _dvc(root, "init", "--no-scm", "-q")
     return root
 
 
 def _listed(root: Path) -> dict[str, set[str]]:
-    """profile -> the stages `dvc stage list --all` shows in its pipeline."""
+    """profile -> the stages `dvc stage list --all` shows in its pipeline (the root's: the active profile's, its stages
+    named without a path)."""
     out: dict[str, set[str]] = {}
+    active = active_profile(yaml.safe_load((root / "params.yaml").read_text()))
     for line in _dvc(root, "stage", "list", "--all", "--name-only").stdout.split():
         path, _, stage = line.rpartition(":")
-        assert re.fullmatch(r"pipelines/[\w-]+/dvc\.yaml", path), line
-        out.setdefault(path.split("/")[1], set()).add(stage)
+        assert path == "" or re.fullmatch(r"pipelines/[\w-]+/dvc\.yaml", path), line
+        out.setdefault(path.split("/")[1] if path else active, set()).add(stage)
     return out
 
 
@@ -59,8 +65,27 @@ def test_the_written_pipelines_are_what_the_generator_writes():
     """Edit pipelines/template.yaml or params.yaml's profiles, then run `python -m tasks.dvc_pipelines`."""
     assert stale(REPO) == [], "run `python -m tasks.dvc_pipelines` (make pipelines)"
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    assert set(pipelines(REPO)) == {Path("pipelines") / p / "dvc.yaml" for p in profile_names(raw)}
-    assert not (REPO / "dvc.yaml").exists()  # one pipeline per profile, none of them the repository's default
+    active = active_profile(raw)
+    assert set(pipelines(REPO)) == {Path("dvc.yaml")} | {Path("pipelines") / p / "dvc.yaml"
+                                                         for p in profile_names(raw) if p != active}
+
+
+def test_the_active_profiles_pipeline_is_the_root_dvc_yaml_and_only_there():
+    """params.yaml's `profile` (toy): its pipeline is ./dvc.yaml (a bare `dvc repro` runs it), not also under
+    pipelines/ (DVC refuses two stages with one output); DVC loads the root's params.yaml itself and refuses it in
+    `vars`, so the root file has none and no `wdir`; every other profile's reads ../../params.yaml."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    active = active_profile(raw)
+    assert active == raw["profile"] == "toy"
+    root = yaml.safe_load((REPO / "dvc.yaml").read_text())
+    text = (REPO / "dvc.yaml").read_text()
+    assert "vars" not in root and not re.search(r"(?m)^vars:|^\s*- \S*params\.yaml:", text)
+    for name, stage in root["stages"].items():
+        assert f"--profile {active}" in stage["cmd"] and "wdir" not in stage, name
+    assert root["stages"]["train"]["matrix"]["method"] == f"${{profiles.{active}.run.methods}}"
+    assert not (REPO / "pipelines" / active).exists()
+    for path in (REPO / "pipelines").glob("*/dvc.yaml"):
+        assert yaml.safe_load(path.read_text())["vars"] == ["../../params.yaml:run,profiles"], path
 
 
 def test_dvc_lists_exactly_each_profiles_runs(tmp_path):
@@ -101,32 +126,122 @@ def test_every_command_runs_its_profile_at_the_repository_root():
         profile = path.parent.name
         assert text.startswith(GENERATED)
         for name, stage in yaml.safe_load(text)["stages"].items():
-            assert stage["wdir"] == "../..", (profile, name)
+            if path == Path("dvc.yaml"):
+                profile = active_profile(yaml.safe_load((REPO / "params.yaml").read_text()))
+                assert "wdir" not in stage, name  # at the root already
+            else:
+                assert stage["wdir"] == "../..", (profile, name)
             assert re.match(rf"python -m tasks\.\w+ --profile {re.escape(profile)}( |$)", stage["cmd"]), stage["cmd"]
             params = stage["params"]
             assert "profile" not in params  # the command is given its profile; params.yaml's key is not read
             assert f"profiles.{profile}" in params, (profile, name)
 
 
+def _generated(root: Path, profiles: tuple[str, ...] = ()) -> Path:
+    """A project holding the template and this checkout's params.yaml (only ``profiles``' overlays, if given: each
+    profile is loaded to write its pipeline), its pipelines written by the generator."""
+    (root / "pipelines").mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "pipelines/template.yaml", root / "pipelines/template.yaml")
+    text = (REPO / "params.yaml").read_text()
+    if profiles:
+        raw = yaml.safe_load(text)
+        raw["profiles"] = {p: raw["profiles"][p] for p in profiles}
+        text = yaml.safe_dump(raw, sort_keys=False)
+    (root / "params.yaml").write_text(text)
+    write(root)
+    assert stale(root) == []
+    return root
+
+
+def _set_profile(root: Path, profile: str, text: str | None = None) -> None:
+    text = text if text is not None else (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(re.sub(r"(?m)^profile: \S+", f"profile: {profile}", text, count=1))
+
+
+def _check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tasks.dvc_pipelines", "--check"], cwd=root, capture_output=True,
+                          text=True, env={**os.environ, "JAGG_ROOT": str(root), "PYTHONPATH": str(REPO)})
+
+
+def _lock(profile: str) -> str:
+    """A dvc.lock as DVC writes it for ``profile``'s pipeline (its commands carry the profile)."""
+    return f"schema: '2.0'\nstages:\n  prepare:\n    cmd: python -m tasks.prepare --profile {profile}\n"
+
+
 def test_a_profile_that_gains_a_run_key_needs_its_pipeline_written_again(tmp_path):
     """A pipeline reads `${run.seeds}` where the profile's overlay does not set them; once it does, the pipeline is
     stale until the generator runs (make repro checks it first)."""
-    (tmp_path / "pipelines").mkdir()
-    shutil.copy(REPO / "pipelines/template.yaml", tmp_path / "pipelines/template.yaml")
-    text = (REPO / "params.yaml").read_text()
-    (tmp_path / "params.yaml").write_text(text)
-    for path, body in pipelines(tmp_path).items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(body)
-    assert stale(tmp_path) == []
+    _generated(tmp_path)
+    text = (tmp_path / "params.yaml").read_text()
     toy = "    run: {methods: [baseline, exact-batched, jagg, ablate]}\n"
     assert toy in text
     (tmp_path / "params.yaml").write_text(text.replace(toy, toy.replace("]}", "], seeds: [0, 1]}"), 1))
-    assert stale(tmp_path) == ["pipelines/toy/dvc.yaml"]
-    assert "${profiles.toy.run.seeds}" in pipelines(tmp_path)[Path("pipelines/toy/dvc.yaml")]
-    out = subprocess.run([sys.executable, "-m", "tasks.dvc_pipelines", "--check"], cwd=tmp_path, capture_output=True,
-                         text=True, env={**os.environ, "JAGG_ROOT": str(tmp_path), "PYTHONPATH": str(REPO)})
-    assert out.returncode == 1 and "pipelines/toy/dvc.yaml" in out.stderr, out.stderr
+    assert stale(tmp_path) == ["dvc.yaml"]  # toy is the active profile: its pipeline is the root's
+    assert "${profiles.toy.run.seeds}" in pipelines(tmp_path)[Path("dvc.yaml")]
+    out = _check(tmp_path)
+    assert out.returncode == 1 and "dvc.yaml" in out.stderr, out.stderr
+
+
+def test_check_catches_a_missing_or_stale_root_pipeline_and_a_hand_written_one_is_kept(tmp_path):
+    root = _generated(tmp_path, ("toy", "ci"))
+    text = (root / "dvc.yaml").read_text()
+    (root / "dvc.yaml").unlink()
+    assert stale(root) == ["dvc.yaml"]
+    out = _check(root)
+    assert out.returncode == 1 and "dvc.yaml" in out.stderr, out.stderr
+    (root / "dvc.yaml").write_text(text.replace("--profile toy --run base", "--profile toy --run base --x"))
+    assert stale(root) == ["dvc.yaml"]
+    write(root)
+    assert (root / "dvc.yaml").read_text() == text and stale(root) == []
+    (root / "dvc.yaml").write_text("stages: {mine: {cmd: echo}}\n")  # a user's own: not overwritten
+    with pytest.raises(ParamsError, match="was not written by"):
+        write(root)
+    assert (root / "dvc.yaml").read_text() == "stages: {mine: {cmd: echo}}\n"
+
+
+def test_changing_profile_moves_the_root_pipeline_and_its_dvc_lock(tmp_path):
+    """toy active, with its dvc.lock at the root and ci's beside ci's pipeline; `profile: ci` then the generator:
+    ci's pipeline and lock come to the root, toy's go to pipelines/toy/, no pipeline file is left twice; and back."""
+    root = _generated(tmp_path, ("toy", "ci"))
+    assert not (root / "pipelines/toy").exists() and (root / "pipelines/ci/dvc.yaml").is_file()
+    (root / "dvc.lock").write_text(_lock("toy"))
+    (root / "pipelines/ci/dvc.lock").write_text(_lock("ci"))
+    ci_text = pipelines(root)[Path("pipelines/ci/dvc.yaml")]
+    _set_profile(root, "ci")
+    assert stale(root) == ["dvc.yaml", "pipelines/ci/dvc.lock", "pipelines/ci/dvc.yaml", "pipelines/toy/dvc.yaml"]
+    write(root)
+    assert stale(root) == []
+    assert (root / "dvc.lock").read_text() == _lock("ci")
+    assert (root / "pipelines/toy/dvc.lock").read_text() == _lock("toy")
+    assert not (root / "pipelines/ci").exists()  # its pipeline and its lock moved: the folder went too
+    assert "--profile ci" in (root / "dvc.yaml").read_text()
+    assert "vars" not in yaml.safe_load((root / "dvc.yaml").read_text())
+    assert (root / "pipelines/toy/dvc.yaml").read_text().startswith(GENERATED)
+    assert (root / "dvc.yaml").read_text().split("\nstages:\n")[1] != ci_text.split("\nstages:\n")[1]  # no wdir
+    _set_profile(root, "toy")
+    write(root)
+    assert stale(root) == [] and not (root / "pipelines/toy").exists()
+    assert (root / "dvc.lock").read_text() == _lock("toy")
+    assert (root / "pipelines/ci/dvc.lock").read_text() == _lock("ci")
+    assert (root / "pipelines/ci/dvc.yaml").read_text() == ci_text
+
+
+def test_a_checkout_from_before_gets_its_lock_at_the_root_and_two_locks_of_one_pipeline_are_both_kept(tmp_path):
+    """A user's checkout of the per-profile layout: toy's pipeline and lock under pipelines/toy/. The generator
+    moves the lock to the root beside toy's pipeline, never over a dvc.lock there (one sentence; both kept)."""
+    root = _generated(tmp_path, ("toy", "ci"))
+    (root / "pipelines/toy").mkdir()
+    (root / "pipelines/toy/dvc.yaml").write_text(f"{GENERATED}\nvars:\n  - ../../params.yaml:run,profiles\n")
+    (root / "pipelines/toy/dvc.lock").write_text(_lock("toy"))
+    assert stale(root) == ["pipelines/toy/dvc.lock", "pipelines/toy/dvc.yaml"]  # make repro would lose the record
+    write(root)
+    assert (root / "dvc.lock").read_text() == _lock("toy") and not (root / "pipelines/toy").exists()
+    (root / "pipelines/toy").mkdir()
+    (root / "pipelines/toy/dvc.lock").write_text(_lock("toy") + "# older\n")
+    with pytest.raises(ParamsError, match="both pipelines/toy/dvc.lock and dvc.lock exist"):
+        write(root)
+    assert (root / "dvc.lock").read_text() == _lock("toy")
+    assert (root / "pipelines/toy/dvc.lock").read_text() == _lock("toy") + "# older\n"
 
 
 @pytest.mark.slow

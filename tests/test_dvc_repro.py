@@ -1,5 +1,6 @@
-"""`make run` then `make repro` on ci in a fresh clone: the profile's pipeline retrains nothing `jagg run` trained,
-and each later change (a method's param, a module, a DVC experiment) reruns exactly the stages it made stale.
+"""`make run` then a bare `dvc repro` on ci in a fresh clone whose active profile is ci (its pipeline the root's
+dvc.yaml): it retrains nothing `jagg run` trained, and each later change (a method's param, a module, a DVC experiment)
+reruns exactly the stages it made stale.
 
 A file of its own (its one test is the suite's longest, ~13 min on a slow 2-core machine): pytest-xdist gives each
 file to one worker, and tests/conftest.py starts the longest files first.
@@ -17,17 +18,18 @@ import pytest
 from test_pipeline import BIN, _clone, _run
 
 
-CI_PIPELINE = "pipelines/ci/dvc.yaml"  # the ci profile's pipeline (tasks/dvc_pipelines.py writes one per profile)
+PIPELINE = "dvc.yaml"  # the active profile's pipeline (tasks/dvc_pipelines.py writes it at the root): ci's here
 
 
 def _stage(addressed: str) -> str:
-    """``pipelines/ci/dvc.yaml:train@jagg-0`` -> ``train@jagg-0``."""
-    assert addressed.startswith(f"{CI_PIPELINE}:"), addressed
-    return addressed.removeprefix(f"{CI_PIPELINE}:")
+    """A stage of the root pipeline, as DVC names it: ``train@jagg-0`` (another pipeline's has its path before a
+    colon)."""
+    assert ":" not in addressed, addressed
+    return addressed
 
 
 def _stale(root: Path) -> set[str]:
-    out = _run([str(BIN / "dvc"), "status", "--json", CI_PIPELINE], root)
+    out = _run([str(BIN / "dvc"), "status", "--json", PIPELINE], root)
     assert out.returncode == 0, out.stderr
     return {_stage(s) for s in json.loads(out.stdout or "{}")}
 
@@ -60,9 +62,10 @@ TRAINED_METRICS = {"reward/mean", "time/update", "train/backward_calls", "train/
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # `jagg run`, then ~20 stage processes; beside another test worker on 2 cores
 def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(tmp_path):
-    """`make run` then `make repro`, on ci: the profile's pipeline runs the commands `jagg run` ran, into the same
-    folders, so its first `dvc repro` (no dvc.lock yet: every stage runs once, to be recorded) finds every run
-    trained and every evaluation made, rewrites no checkpoint, and leaves the pipeline up to date. Then what a user
+    """`make run` then `make repro`, on ci as the active profile: its pipeline is the root's dvc.yaml (`make
+    pipelines` put it there) and runs the commands `jagg run` ran, into the same folders, so a bare `dvc repro` (no
+    dvc.lock yet: every stage runs once, to be recorded) finds every run trained and every evaluation made, rewrites
+    no checkpoint, and `dvc status dvc.yaml` then says it is up to date. Then what a user
     changes: a method's param, a module, an iteration more as a DVC experiment — each reruns exactly its stages.
     (One project for both halves: a `dvc repro` from nothing runs the same stage commands as this one's, which
     tests/conftest.py's fixtures and `jagg run` run in every other test; the suite's time.)"""
@@ -73,16 +76,24 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
     assert three in text
     (root / "params.yaml").write_text(text.replace(three, two, 1))
+    # `make pipelines` on the clone, whose params.yaml says `profile: ci`: ci's pipeline comes to the root, toy's goes
+    # to pipelines/toy/ (what a user who switches profile commits)
+    moved = _run([str(BIN / "python"), "-m", "tasks.dvc_pipelines"], root)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert "--profile ci " in (root / "dvc.yaml").read_text() and not (root / "pipelines/ci").exists()
+    assert (root / "pipelines/toy/dvc.yaml").is_file()
+    for cmd in (["git", "add", "-A"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "ci"]):
+        subprocess.run(cmd, cwd=root, check=True)
     run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     trained = {run: _files(root / "checkpoints/ci" / run) for run in ("baseline-s0", "jagg-s0")}
     curves = {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in ("baseline-s0", "jagg-s0")}
     assert all(trained.values())
-    first = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
+    first = _run([str(BIN / "dvc"), "repro"], root)  # bare: the root's dvc.yaml
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert _ran(first) == {"prepare", "pretrain", "evaluate-base", "speed", "report",
                            *(f"{stage}@{m}-0" for stage in ("train", "evaluate") for m in ("baseline", "jagg"))}
-    assert (root / "pipelines/ci/dvc.lock").is_file() and not (root / "dvc.lock").exists()
+    assert (root / "dvc.lock").is_file() and not (root / "pipelines/ci").exists()  # its lock beside it
     assert {run: _files(root / "checkpoints/ci" / run) for run in trained} == trained  # not one file rewritten
     assert {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in curves} == curves
     for method in ("baseline", "jagg"):
@@ -103,6 +114,8 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
         assert (root / "reports/ci" / src).is_file(), src
     assert "jagg" in (root / "reports/ci/README.md").read_text()
     assert _stale(root) == set()
+    status = _run([str(BIN / "dvc"), "status", PIPELINE], root)
+    assert status.returncode == 0 and "up to date" in status.stdout, status.stdout + status.stderr
 
     # One method's param: exactly that method's train and evaluate, the side-by-side timing of the methods (it times
     # the changed method too) and the report become stale.
@@ -111,7 +124,7 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     # `dvc status` names the stages whose own params or deps changed; `dvc repro` then also reruns what depends on
     # their outputs (evaluate@jagg-0 reads the new checkpoints).
     assert _stale(root) == {"train@jagg-0", "speed", "report"}
-    second = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
+    second = _run([str(BIN / "dvc"), "repro"], root)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert _ran(second) == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
     assert _stale(root) == set()
@@ -120,7 +133,7 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     runs = _mlflow_run_list(root, "jagg-ci")
     assert any(r["tags"]["jagg.run"] == "baseline-s0" and TRAINED_METRICS <= set(r["metrics"]) for r in runs)
     by_dvc = [r for r in runs if r["tags"]["jagg.run"] == "jagg-s0" and TRAINED_METRICS <= set(r["metrics"])
-              and r["tags"].get("dvc_stage") == f"{CI_PIPELINE}:evaluate@jagg-0"]
+              and r["tags"].get("dvc_stage") == "evaluate@jagg-0"]  # DVC_STAGE: a root stage's bare name
     assert len(by_dvc) == 1 and by_dvc[0]["tags"]["method"] == "jagg", [r["tags"] for r in runs]
     assert by_dvc[0]["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
 
@@ -128,7 +141,7 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     # (the report's figures: one stage, so the check stays cheap; test_dvc_deps checks every stage's import list).
     import yaml
 
-    spec = yaml.safe_load((root / CI_PIPELINE).read_text())["stages"]
+    spec = yaml.safe_load((root / PIPELINE).read_text())["stages"]
     edited = "jagg_core/pipeline/report_figures.py"
     users = set()
     for name, stage in spec.items():
@@ -137,15 +150,14 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     with open(root / edited, "a") as f:
         f.write("\n# an edit\n")
     assert _stale(root) == users == {"report"}
-    third = _run([str(BIN / "dvc"), "repro", CI_PIPELINE], root)
+    third = _run([str(BIN / "dvc"), "repro"], root)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert _ran(third) == users and _stale(root) == set()
 
     # A quick sweep point as a DVC experiment: one more iteration resumes each run (iterations do not change the
     # run's fingerprint) and keeps its whole curve (curve.tsv is persistent), evaluates it and records the experiment
     # with its metrics; evaluation curves are plots.
-    exp = _run([str(BIN / "dvc"), "exp", "run", CI_PIPELINE, "-S", "profiles.ci.train.iterations=3", "--name", "three"],
-               root)
+    exp = _run([str(BIN / "dvc"), "exp", "run", "-S", "profiles.ci.train.iterations=3", "--name", "three"], root)
     assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
     assert {"train@baseline-0", "train@jagg-0", "evaluate@baseline-0", "evaluate@jagg-0"} <= _ran(exp)
     shown = json.loads(_run([str(BIN / "dvc"), "exp", "show", "--json"], root).stdout)

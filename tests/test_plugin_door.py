@@ -214,12 +214,11 @@ def test_a_plugin_path_with_a_hash_is_quoted_in_dvc_yaml_and_check_notices_an_un
     root = _dvc_root(tmp_path, "my #plug.py")
     forget[1].append(root / "my #plug.py")
     monkeypatch.chdir(root)  # plugin paths are the project's
-    text = pipelines(root)[Path("pipelines/ci/dvc.yaml")]
+    text = pipelines(root)[Path("dvc.yaml")]  # ci, the active profile: its pipeline is the root's
     stages = yaml.safe_load(text)["stages"]
     assert all("my #plug.py" in body["deps"] for body in stages.values())  # was "my": the plugin was not tracked
-    written = root / "pipelines/ci/dvc.yaml"
-    written.parent.mkdir()
+    written = root / "dvc.yaml"
     written.write_text(text.replace('"my #plug.py"', "my #plug.py"))  # what the generator wrote before
-    assert stale(root) == ["pipelines/ci/dvc.yaml"]  # was: up to date
+    assert stale(root) == ["dvc.yaml"]  # was: up to date
     written.write_text(text)
     assert stale(root) == []
