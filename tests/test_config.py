@@ -124,14 +124,14 @@ def test_missing_file_and_unknown_profile(tmp_path):
 
 
 def test_every_param_key_dvc_yaml_names_exists_in_params_yaml():
-    """`dvc repro` refuses a stage whose params key is missing, so each key every profile's pipeline lists (its
-    pipelines/<profile>/dvc.yaml) must be in params.yaml."""
+    """`dvc repro` refuses a stage whose params key is missing, so each key every profile's pipeline lists (the root's
+    dvc.yaml, the active profile's, or its pipelines/<profile>/dvc.yaml) must be in params.yaml."""
     import yaml
 
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     missing = []
-    pipelines = sorted((REPO / "pipelines").glob("*/dvc.yaml"))
-    assert pipelines
+    pipelines = [REPO / "dvc.yaml", *sorted((REPO / "pipelines").glob("*/dvc.yaml"))]  # the root's: the active one
+    assert pipelines[1:]
     for name, stage in ((f"{p.parent.name}:{n}", s) for p in pipelines
                         for n, s in yaml.safe_load(p.read_text())["stages"].items()):
         for key in stage.get("params", []):
