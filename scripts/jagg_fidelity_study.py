@@ -561,10 +561,29 @@ def alignment_main(args, out: Path, log) -> int:
                        for v in by_roll.values() if len(v) > 1]
         mean_a, lo_a, hi_a, n_a = t_interval(across)
         mean_w, lo_w, hi_w, n_w = t_interval(within)
+        # the share of the consistent gradient kept: ⟨g_method,i, ḡ_−i⟩ / ⟨g_exact,i, ḡ_−i⟩ summed over the readings
+        # i of a model, ḡ_−i the mean exact gradient of the model's OTHER rollouts (their noise independent of i's),
+        # so both sums estimate an inner product with the expected gradient, not with i's own noise
+        kept = []
+        for name in models:
+            ex = {k: v for k, v in vecs.items() if k[0] == name and k[1] == "exact"}
+            num = den = 0.0
+            for k, g in ex.items():
+                others = [v for kk, v in ex.items() if kk[2] != k[2]]
+                if not others:
+                    continue
+                ref = torch.stack(others).mean(0)
+                own = g if m == "exact" else g + vecs[(name, m, k[2], k[3])]
+                num, den = num + float(own @ ref), den + float(g @ ref)
+            kept.append(num / den if den else float("nan"))
+        mean_k, lo_k, hi_k, n_k = t_interval(kept)
         summary["methods"][m] = {"across_rollouts": {"mean": mean_a, "lo": lo_a, "hi": hi_a, "n": n_a},
-                                 "within_rollout": {"mean": mean_w, "lo": lo_w, "hi": hi_w, "n": n_w}}
+                                 "within_rollout": {"mean": mean_w, "lo": lo_w, "hi": hi_w, "n": n_w},
+                                 "signal_kept": {"mean": mean_k, "lo": lo_k, "hi": hi_k, "n": n_k,
+                                                 "per_model": dict(zip(models, kept))}}
         log(f"{m}: cos across rollouts {mean_a:+.3f} [{lo_a:+.3f}, {hi_a:+.3f}] (models), within a rollout "
-            f"{mean_w:+.3f} [{lo_w:+.3f}, {hi_w:+.3f}]")
+            f"{mean_w:+.3f} [{lo_w:+.3f}, {hi_w:+.3f}]; share of the consistent gradient kept {mean_k:.3f} "
+            f"[{lo_k:.3f}, {hi_k:.3f}] ({', '.join(f'{x:.2f}' for x in kept)})")
     atomic_write_text(out / "alignment.json", json.dumps(summary, indent=1) + "\n")
     log(f"wrote {out / 'alignment.json'}")
     return 0
