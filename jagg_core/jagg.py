@@ -521,8 +521,8 @@ def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
     with ``per="group"`` the drawn step too); then each row's step r_i is drawn and forwarded with grad (the probe: one
     call, ``velocity(r)`` for a group's draw, ``velocity_rows`` for per-image draws); each middle step is forwarded
     under no_grad only on the rows that did not draw it (reused rollout velocities need none), so the group costs
-    the forwards of K + 1 anchors. The probe's cotangent is ``s_{r_i} / p_{r_i}`` per row and anchor k's loses
-    ``M[r_i, k] s_{r_i} / p_{r_i}``. Joint: one backward over the K + 1 graphs. Sequential: the first anchor's and the
+    the forwards of K + 1 anchors. The probe's cotangent is ``λ s_{r_i} / p_{r_i}`` per row and anchor k's loses
+    ``λ M[r_i, k] s_{r_i} / p_{r_i}`` (λ = ``random_anchor_weight``, 1: unbiased). Joint: one backward over the K + 1 graphs. Sequential: the first anchor's and the
     probe's backward once the middle signals are known (two graphs alive at most), then one anchor at a time."""
     w = weights.shape[0]
     mids = [j for j in range(w) if j not in pos]
