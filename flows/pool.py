@@ -10,7 +10,8 @@ What the hosts share is checked before any unit trains (``tasks/dispatch.py``). 
 worker or host died: Prefect marks a run CRASHED when its heartbeats stop (the automation `jagg services up` creates,
 docs/scaling.md) — is submitted again (a training at most twice, an evaluation once, as the stage tasks retry a
 process that died) and resumes from its last complete checkpoint on whichever worker takes it; a unit that FAILED on
-an error of its own is not, and fails the sweep with its sentence.
+an error of its own is not, and fails the sweep with its sentence. A sweep none of whose units in flight a worker has
+taken for ``resources.pool_wait_s`` seconds (no worker serves the pool's queue) fails in one sentence.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ EVALUATE_DEPLOYMENT = "jagg-evaluate-run/pool"
 # Submissions again after a CRASHED flow run, as the stage tasks' retries of a process that died (flows/stages.py)
 RESUBMITS = {"train": 2, "evaluate": 1}
 POLL_S = 2.0
-UNTAKEN_S = 120.0  # a unit no worker has taken for this long: said once in the sweep's log
+UNTAKEN_S = 120.0  # a unit no worker has taken for this long: said in the sweep's log and its flow run's state
 # A unit a worker took (PENDING) but whose process never started — the worker died in between; Prefect's heartbeat
 # automation only sees processes that started — is marked CRASHED after this long, and submitted again as a crash is.
 PENDING_S = 600.0
@@ -163,7 +164,8 @@ def run_on_pool(params: Params, *, profile: str, parallel_runs: int, sweep: str,
     submitted_at: dict[str, float] = {}
     shared = write_sentinel(params, ROOT, sweep)
     common = {"profile": profile, "shared": shared, "sweep": sweep, "overrides": overrides,
-              "params_file": params_file, "restart": restart, "key": _sweep_key()}
+              "params_file": params_file, "restart": restart, "key": _sweep_key(),
+              "wait_s": params.resources.pool_wait_s}
     try:
         with get_client(sync_client=True) as client:
             try:
@@ -190,10 +192,26 @@ def _crash(client: Any, fid: str, message: str) -> Any:
     return state
 
 
+def _tell(client: Any, message: str | None) -> None:
+    """Put ``message`` in the state of this sweep's own flow run, which stays RUNNING: what the Prefect UI, `prefect
+    flow-run inspect` and the flow run's state events show while the sweep waits (its log alone is easily missed)."""
+    from prefect.states import Running
+
+    ctx = FlowRunContext.get()
+    if not (ctx and ctx.flow_run):
+        return
+    try:
+        client.set_flow_run_state(ctx.flow_run.id, Running(message=message), force=True)
+    except Exception as e:  # noqa: BLE001  (the message only repeats the log's line: the sweep goes on)
+        print(f"jagg: warning: could not set the sweep's state message: {type(e).__name__}")
+
+
 def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done: list[dict],
            submitted_at: dict[str, float], common: dict[str, Any], parallel_runs: int) -> None:
     """Keep ``parallel_runs`` units in flight until every unit has completed; a unit that FAILED raises."""
     since: dict[str, tuple[str, float]] = {}  # flow run -> (its state's type, when this sweep first saw it)
+    idle_since: float | None = None  # since when no unit in flight has been taken by a worker
+    told: str | None = None  # the message this sweep last put in its flow run's state
     while pending or in_flight:
         while pending and len(in_flight) < parallel_runs:
             unit = pending.pop(0)
@@ -208,6 +226,16 @@ def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done:
             unit = in_flight.pop(gone[0])
             raise PoolError(f"{unit.kind} {unit.run}: its flow run {gone[0]} is gone from the Prefect server "
                             f"(deleted?).")
+        waiting = [fr for fr in flow_runs if fr.state is None or fr.state.is_scheduled()]  # taken by no worker yet
+        if len(waiting) == len(flow_runs):  # nothing in flight is taken
+            idle_since = time.monotonic() if idle_since is None else idle_since
+            if common["wait_s"] and time.monotonic() - idle_since > common["wait_s"]:
+                raise PoolError(f"no worker of the pool has taken any of the sweep's units in {common['wait_s']:g} s "
+                                f"(resources.pool_wait_s): start one that serves the pool's queue `units` "
+                                f"(docs/scaling.md), or set resources.pool_wait_s to 0 to wait for ever.")
+        else:
+            idle_since = None
+        untaken = None
         for fr in flow_runs:
             fid, unit, state, worker = str(fr.id), in_flight[str(fr.id)], fr.state, _worker(fr.tags)
             if state is not None and (since.get(fid) or ("",))[0] != state.type:
@@ -217,8 +245,9 @@ def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done:
                                             f"worker died before it started")
             if state is None or not state.is_final():
                 if state is not None and state.is_scheduled() and time.monotonic() - submitted_at[fid] > UNTAKEN_S:
-                    print(f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; start "
-                          f"one that serves the pool's queue `units` (docs/scaling.md)")
+                    untaken = (f"{unit.kind} {unit.run}: no worker of the pool has taken it in {UNTAKEN_S:.0f} s; "
+                               f"start one that serves the pool's queue `units` (docs/scaling.md)")
+                    print(untaken)
                     submitted_at[fid] = time.monotonic()  # said again every UNTAKEN_S while it waits
                 continue
             del in_flight[fid]
@@ -235,3 +264,9 @@ def _drive(client: Any, pending: list[_Unit], in_flight: dict[str, _Unit], done:
             else:
                 raise PoolError(f"{unit.kind} {unit.run} ended {state.name} on worker {worker!r} (flow run {fid}): "
                                 f"{_unit_sentence(state.message)}")
+        if untaken and untaken != told:
+            told = untaken
+            _tell(client, told)
+        elif told and not waiting:  # every unit in flight is taken: the message is no longer true
+            told = None
+            _tell(client, None)

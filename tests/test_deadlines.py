@@ -106,3 +106,119 @@ def test_a_plain_answer_is_read_as_before():
     with garbage_server(b'{"scores": [1, 2.5, -3e2, 4, 5, 6], "note": {"a": [{"b": "[[[{{{"}]}}') as srv:
         scores = _score(f"http://127.0.0.1:{srv.server_address[1]}/score")
     assert scores.tolist() == [1, 2.5, -300, 4, 5, 6]
+
+
+# --- a pool-dispatched sweep that no worker serves -------------------------------------------------------------------
+# flows/pool.py's run_on_pool against tests/test_pool_dispatch.py's scripted Prefect client (run_deployment,
+# read_flow_runs, set_flow_run_state), with Prefect's own state objects; the real server and workers of that module's
+# `cluster` take minutes to start, so the flow run's state is checked as the client is asked to set it.
+
+class _SweepPrefect:
+    """The scripted client, plus the state calls made on the sweep's own flow run (``SWEEP``)."""
+
+    SWEEP = "5eeb5eeb-0000-4000-8000-000000000000"
+
+    def __init__(self, outcome):
+        from test_pool_dispatch import _FakePrefect
+
+        self.fake, self.told = _FakePrefect(outcome), []
+
+    def __getattr__(self, name):
+        return getattr(self.fake, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def set_flow_run_state(self, fid, state, force):
+        if str(fid) == self.SWEEP:
+            assert force and state.is_running()  # the sweep keeps RUNNING; only its message changes
+            self.told.append(state.message)
+        else:
+            self.fake.set_flow_run_state(fid, state, force)
+
+
+def _sweep(monkeypatch, outcome, **resources):
+    from types import SimpleNamespace
+
+    import flows.pool as pool
+    from conftest import REPO
+    from jagg_core.setup.params_io import load_params
+
+    prefect = _SweepPrefect(outcome)
+    run = SimpleNamespace(id=prefect.SWEEP, run_count=1, tags=[])
+    monkeypatch.setattr(pool, "POLL_S", 0.0)
+    monkeypatch.setattr(pool, "run_deployment", prefect.fake.run_deployment)
+    monkeypatch.setattr(pool, "get_client", lambda sync_client: prefect)
+    monkeypatch.setattr(pool, "FlowRunContext", SimpleNamespace(get=lambda: SimpleNamespace(flow_run=run)))
+    monkeypatch.setattr(pool, "write_sentinel", lambda params, root, sweep: {"file": "t"})
+    monkeypatch.setattr(pool, "remove_sentinel", lambda root, shared: None)
+    params = load_params(REPO / "params.yaml", "ci", {"run.methods": ["jagg"], "run.seeds": [0],
+                                                      **{f"resources.{k}": v for k, v in resources.items()}})
+    return prefect, lambda: pool.run_on_pool(params, profile="ci", parallel_runs=2, sweep="s", overrides=None,
+                                             params_file=None, restart=False)
+
+
+def test_a_sweep_no_worker_serves_fails_after_pool_wait_s_in_one_sentence_and_says_so_in_its_state(monkeypatch):
+    """Before: the sweep waited for ever, its "no worker has taken it" line in its log only; now the line is its flow
+    run's state message too, and after resources.pool_wait_s it fails (cancelling what it submitted)."""
+    import flows.pool as pool
+    from prefect.states import Scheduled
+
+    from flows.pool import PoolError
+
+    monkeypatch.setattr(pool, "UNTAKEN_S", 0.05)
+    start = time.monotonic()
+
+    def outcome(unit, polls):
+        assert time.monotonic() - start < 5, "the sweep still waits after 5 s"  # before: for ever
+        return Scheduled()
+
+    prefect, sweep = _sweep(monkeypatch, outcome, pool_wait_s=0.3)
+    with pytest.raises(PoolError) as e:
+        sweep()
+    assert time.monotonic() - start < 3
+    _one_sentence(str(e.value))
+    said = str(e.value)
+    assert re.fullmatch(r"no worker of the pool has taken any of the sweep's units in 0\.3 s "
+                        r"\(resources\.pool_wait_s\): start one that serves the pool's queue `units` "
+                        r"\(docs/scaling\.md\), or set resources\.pool_wait_s to 0 to wait for ever; the sweep stopped "
+                        r"and cancelled the units still in flight \(evaluate base, train jagg-s0\): run it again to "
+                        r"resume them\.", said), said
+    assert prefect.told and set(prefect.told) <= {
+        f"{u}: no worker of the pool has taken it in 0 s; start one that serves the pool's queue `units` "
+        f"(docs/scaling.md)" for u in ("evaluate base", "train jagg-s0")}, prefect.told
+    assert sorted(prefect.cancelled) == ["evaluate base", "train jagg-s0"]
+
+
+@pytest.mark.parametrize("wait", [{}, {"pool_wait_s": 0}], ids=["default", "0"])
+def test_a_sweep_waits_until_a_worker_comes_saying_so_in_its_state_message_then_clears_it(monkeypatch, wait):
+    """With the default (an hour) or 0 (for ever) the sweep waits 0.5 s of polls for a worker; meanwhile its state
+    message says which unit no worker has taken (before: its log only), and once they are taken it says nothing."""
+    import flows.pool as pool
+    from prefect.states import Completed, Running, Scheduled
+
+    monkeypatch.setattr(pool, "UNTAKEN_S", 0.05)
+    came = time.monotonic() + 0.5  # a worker comes after 0.5 s
+
+    def outcome(unit, polls):
+        now = time.monotonic()
+        return Scheduled() if now < came else Running() if now < came + 0.1 else Completed()
+
+    prefect, sweep = _sweep(monkeypatch, outcome, **wait)
+    done = sweep()
+    assert sorted((d["kind"], d["run"]) for d in done) == [("evaluate", "base"), ("evaluate", "jagg-s0"),
+                                                            ("train", "jagg-s0")]
+    assert prefect.told[0] and prefect.told[-1] is None, prefect.told  # said while it waited, cleared once taken
+
+
+def test_pool_wait_s_is_a_setting_of_resources_with_a_default_of_an_hour():
+    from conftest import REPO
+    from jagg_core.setup.config import ParamsError
+    from jagg_core.setup.params_io import load_params
+
+    assert load_params(REPO / "params.yaml", "ci").resources.pool_wait_s == 3600
+    with pytest.raises(ParamsError, match="pool_wait_s"):
+        load_params(REPO / "params.yaml", "ci", {"resources.pool_wait_s": -1})
