@@ -6,6 +6,9 @@ The three signal tests and the secrets test read that one scenario (computed onc
 one did. Each signal's resume is judged by the checkpoint the next start writes after resuming from it: it must equal,
 bit for bit, the same iteration of the shared ``uninterrupted`` reference (`jagg train --worker` in a process of its
 own: the trainers of `jagg run` train with the same torch threads, see ``tasks.launch.worker_threads``).
+
+`jagg train` SIGKILLed (its trainer goes with it) and stopped by SIGTERM (its workers, its 0600 context file, its
+MLflow run, its secrets) have tests of their own at the end.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import pytest
 import torch
 
 from conftest import REPO, run_module
+from fault_helpers import _MlflowServer, _ckpts, _files_holding, _own_processes
 from jagg_core.trainer import latest_checkpoint
 from jagg_core.trainer.checkpoint import load_tensors
-from test_reliability import _MlflowServer, _files_holding, _own_processes
 
 SECRET = "s3cret-4f1c"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
@@ -216,3 +219,86 @@ def test_services_stopped_by_a_signal_leave_no_server(tmp_path, action, sig):
     assert not left, left
     assert rc == 128 + sig and took < 10, (rc, took, log.read_text()[-2000:])
     assert not (root / ".services" / "pids.json").exists()  # `jagg services status` shows nothing running
+
+
+# --- `jagg train` killed or stopped: its trainer goes with it, its secrets nowhere ---------------------------------
+
+
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
+def test_a_killed_launcher_takes_its_trainer_with_it(ci_project):
+    """SIGKILL to the process that launched training (a crashed flow, a killed `jagg train`): the trainer it started
+    (accelerate and its worker) stops too, instead of writing on as an orphan; the next start resumes."""
+    import signal
+    import time
+
+    import psutil
+
+    args = ["--profile", "ci", "--method", "jagg", "--set", "reward.weights={jpeg_compressibility: 1.0}"]
+    env = dict(os.environ, JAGG_ROOT=str(ci_project), PYTHONPATH=str(REPO))
+    launcher = subprocess.Popen([sys.executable, "-m", "tasks.train", *args, "--set", "train.iterations=200"],
+                                cwd=ci_project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = _ckpts(ci_project) / "checkpoint-000001" / "manifest.json"
+    deadline = time.time() + 300
+    while not first.exists():
+        assert launcher.poll() is None and time.time() < deadline, "training did not start"
+        time.sleep(0.1)
+    trainer = [p for p in psutil.Process(launcher.pid).children(recursive=True)]
+    assert any("--worker-context" in " ".join(p.cmdline()) for p in trainer)
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    gone, alive = psutil.wait_procs(trainer, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    out = run_module("tasks.train", *args, "--set", "train.iterations=2", root=ci_project)
+    assert out.returncode == 0, out.stderr[-2000:]  # the run's lock is free again; it resumes
+    assert latest_checkpoint(_ckpts(ci_project)).iteration >= 2
+    assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*"))  # the dead launcher's file too
+
+
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
+def test_sigterm_on_jagg_train_stops_workers_removes_the_context_and_leaks_no_secret(ci_project, tmp_path):
+    """SIGTERM to `jagg train` logging to a live MLflow server through a credentialed URI: the workers stop, the 0600
+    context file (full params, password included) is removed, the MLflow run is KILLED, and the password is nowhere
+    — no file of the project (the MLflow and Prefect databases included), nothing the run printed."""
+    import signal
+    import time
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    server = _MlflowServer(ci_project)
+    server.start()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    try:
+        uri = f"http://user:s3cret@127.0.0.1:{server.port}/"
+        env = dict(os.environ, JAGG_ROOT=str(ci_project), PYTHONPATH=str(REPO),
+                   PREFECT_HOME=str(ci_project / ".prefect"))
+        with open(out, "w") as o, open(err, "w") as e:
+            launcher = subprocess.Popen(
+                [sys.executable, "-m", "tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                 "reward.weights={jpeg_compressibility: 1.0}", "--set", "train.iterations=200", "--set",
+                 f"tracking.mlflow_uri={uri}"], cwd=ci_project, env=env, stdout=o, stderr=e)
+        first = _ckpts(ci_project) / "checkpoint-000001" / "manifest.json"
+        deadline = time.time() + 300
+        while not first.exists():
+            assert launcher.poll() is None and time.time() < deadline, err.read_text()[-2000:]
+            time.sleep(0.1)
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        assert list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        t0 = time.monotonic()
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()[-2000:]
+        stopped = time.monotonic() - t0
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive and not _own_processes(ci_project), [p.cmdline() for p in alive]
+        assert not list((ci_project / "runs/ci/jagg-s0").glob(".worker-context-*.json"))
+        runs = MlflowClient(server.url).search_runs(
+            [e.experiment_id for e in MlflowClient(server.url).search_experiments()],
+            "tags.`jagg.run` = 'jagg-s0'")
+        assert [r.info.status for r in runs] == ["KILLED"], [r.info.status for r in runs]
+    finally:
+        server.stop()
+    print(f"jagg train stopped {stopped:.1f} s after SIGTERM")
+    assert stopped < 30
+    assert _files_holding(ci_project, b"s3cret") == [], "the password reached the project's files"
+    assert b"s3cret" not in out.read_bytes() + err.read_bytes(), "the password reached the output"
+    assert b"***" in (ci_project / "runs/ci/jagg-s0/params.json").read_bytes()

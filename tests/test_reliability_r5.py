@@ -114,7 +114,7 @@ def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_pat
     read row by row and as bytes), runs/, eval/, reports/, any other file of the project, or the output. (Round 4:
     the MLflow link artifact and the report's markdown held the UI's password, in `artifact`, `artifact_collection`
     and the events.)"""
-    from test_reliability import _MlflowServer, _files_holding
+    from fault_helpers import _MlflowServer, _files_holding
 
     root = tmp_path / "project"
     shutil.copytree(ci_base, root)

@@ -345,7 +345,7 @@ def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(ci_base
     point's digest) and a thread count beside them. No piece of it is in mlflow.db (the experiments table included),
     Prefect's database (flow-run parameters, logs, events, artifacts), any file or folder name of the project, or
     what was printed."""
-    from test_reliability import _files_holding
+    from fault_helpers import _files_holding
 
     root = tmp_path / "project"
     shutil.copytree(ci_base, root)

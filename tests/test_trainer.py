@@ -1,4 +1,6 @@
-"""The GRPO trainer on the ci profile: every method trains, counts are right, kill/resume and 1-vs-2 processes."""
+"""The GRPO trainer on the ci profile: every method trains, counts are right, kill/resume and 1-vs-2 processes; a
+non-finite reward or gradient skips its update, a reward no group varies in is said once, the same seed gives the same
+bits."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import pytest
 import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
+from fault_helpers import _ckpts
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
-from jagg_core.trainer import latest_checkpoint, train
+from jagg_core.trainer import TrainingError, latest_checkpoint, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors
 from tasks.common import free_port
 
@@ -166,3 +169,59 @@ def test_jagg_export_turns_a_checkpoint_into_a_transformer_folder(uninterrupted,
                          (["--run", "jagg-s0", "--step", "99"], "run 'jagg-s0' has no checkpoint at step 99")):
         bad = run_module("tasks.export", "--profile", "ci", *args, root=root)
         assert bad.returncode == 1 and needle in bad.stderr and "Traceback" not in bad.stderr
+
+
+# --- non-finite rewards and gradients, a reward no group varies in, determinism ------------------------------------
+
+
+def test_non_finite_rewards_skip_updates_then_stop_the_run(ci_project, monkeypatch):
+    params = ci(ci_project, **{"train.iterations": 5, "train.checkpoint_every": 1, "train.max_consecutive_skips": 2})
+    monkeypatch.setenv("JAGG_FAULT", "reward@2:nan,reward@4:nan,reward@5:nan")
+    with pytest.raises(TrainingError, match="2 consecutive updates were skipped"):
+        train(params, "jagg", 0, root=ci_project, progress=False)
+    curve = (Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()
+    head = curve[0].split("\t")
+    skipped = [float(r.split("\t")[head.index("train/skipped_updates")]) for r in curve[1:]]
+    assert skipped == [0, 1, 0, 1, 1]
+    # iteration 2's update was skipped: its weights equal iteration 1's; no NaN was ever saved
+    a = load_tensors(_ckpts(ci_project) / "checkpoint-000001/trainable.safetensors")
+    b = load_tensors(_ckpts(ci_project) / "checkpoint-000002/trainable.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for c in list_checkpoints(_ckpts(ci_project)):
+        assert all(torch.isfinite(t).all() for t in c.tensors().values())
+
+
+def test_a_non_finite_gradient_skips_the_update(ci_project, monkeypatch):
+    params = ci(ci_project, **{"train.iterations": 2, "train.checkpoint_every": 1})
+    monkeypatch.setenv("JAGG_FAULT", "update@2:nan")  # a NaN in one gradient entry after iteration 2's backward
+    res = train(params, "jagg", 0, root=ci_project, progress=False)
+    assert [h["train/skipped_updates"] for h in res.history] == [0, 1]  # found by the real isfinite(grad norm)
+    one, two = (load_tensors(_ckpts(ci_project) / f"checkpoint-00000{i}/trainable.safetensors") for i in (1, 2))
+    assert all(torch.equal(one[k], two[k]) for k in one)  # the step was not taken: no NaN reached the weights
+
+
+def test_a_reward_no_group_varies_in_says_so_once_and_updates_nothing(ci_project, caplog):
+    """ci's base never draws what a prompt asks for: toy_fidelity alone is 0 for every image, so no group varies.
+    The trainer says so once, in a sentence naming the reward's mean, and no image is kept for the update."""
+    import csv
+    import logging
+
+    params = load_params(ci_project / "params.yaml", "ci",
+                         {"reward.weights": {"toy_fidelity": 1.0}, "train.iterations": 2})
+    with caplog.at_level(logging.WARNING, logger="jagg_core.trainer.loop"):
+        train(params, "jagg", 0, root=ci_project, progress=False)
+    said = [r.getMessage() for r in caplog.records if "earned equal rewards" in r.getMessage()]
+    assert len(said) == 1 and "toy_fidelity 0.0000" in said[0] and "reward.weights" in said[0], said
+    rows = list(csv.DictReader(Layout(ci_project, "ci").curve("jagg-s0").open(), delimiter="\t"))
+    assert [float(r["train/kept_fraction"]) for r in rows] == [0.0, 0.0]
+
+
+def test_same_seed_same_profile_is_bit_identical_on_cpu(ci_base, tmp_path):
+    runs = []
+    for name in ("a", "b"):
+        root = tmp_path / name
+        shutil.copytree(ci_base, root)
+        train(ci(root), "jagg", 0, root=root, progress=False)
+        runs.append(latest_checkpoint(_ckpts(root)).tensors())
+    a, b = runs
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

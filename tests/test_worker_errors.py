@@ -1,4 +1,5 @@
-"""A worker's own errors across the process boundary, and the prompts that used to cause them, refused up front."""
+"""A worker's own errors across the process boundary (its outcome file, its one sentence, its own class, never
+retried), a death's sentence (retried), and the prompts that used to cause errors, refused up front."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from conftest import REPO, run_module
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.setup.storage import PromptFileError
+from jagg_core.trainer import CheckpointError, TrainingError
 
 PARAMS = REPO / "params.yaml"
 BAD_PROMPTS = [("", "is an empty prompt"), ("a " * 5000, r"is not a prompt of the toy world's grammar"),
@@ -122,3 +124,42 @@ def test_one_process_starts_as_accelerate_would_start_it_without_its_launcher(tm
     assert isinstance(killed, WorkerDied) and "its worker was killed by SIGKILL (signal 9: out of memory" in str(killed)
     assert "its worker exited with status 3 without an error of its own" in str(_failure("jagg-s0", 3, deque(),
                                                                                            direct=True))
+
+
+# --- a worker's outcome across the process boundary: its own error, or a death -------------------------------------
+
+
+def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_path):
+    """What a worker finds — a garbage ``curve.tsv`` row, a garbage ``state.json`` (its manifest rewritten to match,
+    so it verifies) — is a user error with a sentence naming the file, which the worker prints as ``jagg: error:``
+    and its launcher raises as a TrainingError, not a WorkerDied that Prefect retries (they were tracebacks: "exit
+    status 1; last output: CalledProcessError…", retried twice)."""
+    from collections import deque
+
+    from jagg_core.trainer.checkpoint import Checkpoint
+    from jagg_core.trainer.curve import TsvCurve
+    from tasks.train import WorkerDied, _failure, _retryable
+
+    curve = tmp_path / "curve.tsv"
+    curve.write_text("iteration\treward/mean\n1\t0.5\ngarbage\tnot-a-number\n")
+    with pytest.raises(TrainingError, match=r"curve.tsv line 3 is not a row of numbers; fix or delete"):
+        TsvCurve(curve, resume_from=1)
+    ckpt = tmp_path / "checkpoint-000001"
+    ckpt.mkdir()
+    for garbage, fragment in [(b"\xff{not json", "cannot be read as JSON"), (b"[1]", "holds a list")]:
+        (ckpt / "state.json").write_bytes(garbage)
+        with pytest.raises(CheckpointError, match=fragment) as e:
+            Checkpoint(ckpt, 1).state()
+        assert "\n" not in str(e.value)
+    failure = _failure("jagg-s0", 1, deque(["Traceback …", f"jagg: error: {e.value}", "CalledProcessError: …"]))
+    assert type(failure) is TrainingError and "state.json holds a list" in str(failure)
+    carried = _failure("jagg-s0", 1, deque(["jagg: error class: jagg_core.trainer.checkpoint:CheckpointError",
+                                            f"jagg: error: {e.value}"]))
+    assert type(carried) is CheckpointError and "state.json holds a list" in str(carried)  # the worker's own class
+
+    class State:  # what Prefect's retry condition sees
+        def result(self, raise_on_failure=True):
+            raise failure
+
+    assert not _retryable(None, None, State())
+    assert isinstance(_failure("jagg-s0", -9, deque(["killed"])), WorkerDied)

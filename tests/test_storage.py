@@ -1,0 +1,29 @@
+"""The project's one reader and one writer of files (jagg_core/setup/storage.py) where the stages use them: prompt files
+bounded, regular and whole; a FIFO, a device, a folder or a cut file where a stage reads is one sentence at once (or
+no marker), never a hang; a link planted where a stage writes is replaced, never written through; a base model's
+digest is its content; the folders it makes have their files' permissions. tests/test_storage_door.py checks that
+every file touch goes through it; tests/test_fifo_and_link_doors.py has issue 61's instances."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_module
+
+
+# --- prompt files --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("content,fragment", [
+    ("{not json", "is not valid JSON"),
+    ('{"a": 1}', "must hold a non-empty JSON list of prompt strings"),
+    ("[]", "must hold a non-empty JSON list of prompt strings"),
+    ('["ok", 3]', "must hold a non-empty JSON list of prompt strings"),
+])
+def test_bad_prompt_files_are_refused_and_nothing_is_written(ci_project, content, fragment):
+    (ci_project / "data/ci/prompts/benchmark/single.json").write_text(content)
+    out = run_module("tasks.evaluate", "--profile", "ci", "--run", "base", root=ci_project)
+    assert out.returncode == 1
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("jagg: error:")]
+    assert len(lines) == 1 and fragment in lines[0], out.stderr
+    assert not (ci_project / "eval").exists()

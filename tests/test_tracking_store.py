@@ -1,0 +1,179 @@
+"""The MLflow store (jagg_core/pipeline/tracking.py): one that cannot be used is one sentence before any training;
+transient failures are retried; through an outage what a run logs is buffered on disk (mlflow-pending.jsonl) and
+replayed, a damaged buffer record skipped with one warning; several processes share a SQLite store; a SQLite store's
+artifacts go beside it."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_module
+from fault_helpers import _MlflowServer, ci
+from jagg_core.setup.paths import Layout
+from jagg_core.trainer import train
+
+
+# --- a store that cannot be used: one sentence before any training -------------------------------------------------
+
+
+def test_an_unreachable_tracking_store_fails_before_training(ci_project):
+    out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                     "tracking.mlflow_uri=http://127.0.0.1:9", "--set", "tracking.retries=1", root=ci_project)
+    assert out.returncode == 1
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("jagg: error:")]
+    assert len(lines) == 1 and "MLflow store http://127.0.0.1:9 cannot" in lines[0]
+    assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "folder", "locked"])
+def test_a_damaged_tracking_store_is_one_sentence_naming_it_and_the_fix(ci_project, damage):
+    """A SQLite store that is garbage, a folder, or held by another process's ``BEGIN EXCLUSIVE``: one sentence
+    naming the store and the fix, before any training (it was an 80–186-line SQLAlchemy traceback)."""
+    import sqlite3
+
+    db = ci_project / "store.db"
+    holder = None
+    if damage == "corrupt":
+        db.write_bytes(b"this is not a database\n" * 300)
+    elif damage == "folder":
+        db.mkdir()
+    else:
+        sqlite3.connect(db).execute("create table t (x)").connection.commit()
+        holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, sys, time\n"
+                                   f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+                                   f"c.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(120)"],
+                                  stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+    try:
+        out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set",
+                         f"tracking.mlflow_uri=sqlite:///{db}", "--set", "tracking.retries=0", root=ci_project,
+                         timeout=180)
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip() and "WARNING" not in ln and "retrying" not in ln]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    fix = {"corrupt": "move it aside", "folder": "move it aside", "locked": "another process holds it locked"}[damage]
+    assert lines[0].startswith(f"jagg: error: the MLflow store {db}") and fix in lines[0], lines[0]
+    assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
+
+
+# --- failures while training: retried, buffered on disk, replayed --------------------------------------------------
+
+
+def test_transient_tracking_failures_are_retried_and_the_curve_stays_complete(ci_project, monkeypatch):
+    from jagg_core.pipeline.tracking import Tracker
+
+    params = ci(ci_project, **{"train.iterations": 2, "tracking.retries": 3})
+    tracker = Tracker(params, ci_project)
+    run_id = tracker.child_run("t", "jagg-s0", method="jagg", seed=0, key="k")
+    real = tracker.client.log_batch
+    failures = {"n": 0}
+
+    def flaky(*a, **k):
+        if failures["n"] < 2:
+            failures["n"] += 1
+            raise ConnectionError("injected: store busy")
+        return real(*a, **k)
+
+    monkeypatch.setattr(tracker.client, "log_batch", flaky)
+    train(params, "jagg", 0, root=ci_project, progress=False, logger=tracker.logger(run_id))
+    assert failures["n"] == 2
+    history = tracker.client.get_metric_history(run_id, "reward/mean")
+    assert sorted(m.step for m in history) == [1, 2]
+    assert len((Layout(ci_project, "ci").curve("jagg-s0")).read_text().splitlines()) == 3
+    # The diagnostics practitioners watch, read back from the store (this run's, no other training): the KL to the
+    # reference at beta 0, and per reward the within-group spread and the share of groups with no spread.
+    assert params.train.beta == 0 and params.train.kl_ref
+    for key in ("train/kl_ref", "reward/jpeg_compressibility/group_std", "reward/jpeg_compressibility/zero_std_frac"):
+        values = {m.step: m.value for m in tracker.client.get_metric_history(run_id, key)}
+        assert sorted(values) == [1, 2] and all(math.isfinite(v) for v in values.values()), key
+    kl = {m.step: m.value for m in tracker.client.get_metric_history(run_id, "train/kl_ref")}
+    assert kl[1] <= 1e-12 < kl[2]  # the policy is the reference until its first optimizer step (rounding aside)
+    assert all(0 <= m.value <= 1 for m in tracker.client.get_metric_history(
+        run_id, "reward/jpeg_compressibility/zero_std_frac"))
+
+
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
+def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everything(ci_project, caplog):
+    """A real MLflow server stops after iteration 2 and comes back at iteration 5: training never stops, what it
+    logged meanwhile (metrics and images) is buffered on disk and replayed, in order, to the same run."""
+    from jagg_core.pipeline.tracking import MlflowLogger, Tracker
+
+    server = _MlflowServer(ci_project)
+    server.start()
+    try:
+        params = ci(ci_project, **{"train.iterations": 6, "tracking.mlflow_uri": server.url, "tracking.retries": 1,
+                                   "train.log_images_every": 1})
+        tracker = Tracker(params, ci_project)
+        run_id = tracker.child_run("outage", "jagg-s0", method="jagg", seed=0, key="k")
+        buffer = ci_project / "runs/ci/jagg-s0/mlflow-pending.jsonl"
+        logger = MlflowLogger(tracker, run_id, buffer, probe_seconds=0.2)
+        seen: dict[str, int] = {}
+
+        class Outage:  # the trainer's logger, with the server switched off and on between iterations
+            def log_metrics(self, metrics, step):
+                if step == 3 and "down" not in seen:
+                    server.stop()
+                    seen["down"] = step
+                if step == 5 and "up" not in seen:
+                    seen["buffered"] = logger.pending()
+                    server.start()
+                    seen["up"] = step
+                logger.log_metrics(metrics, step)
+
+            def log_image(self, image, key, step):
+                logger.log_image(image, key, step)
+
+        with caplog.at_level("WARNING", logger="jagg_core.pipeline.tracking"):
+            result = train(params, "jagg", 0, root=ci_project, progress=False, logger=Outage())
+        assert result.iterations == 6 and seen["buffered"] >= 2  # trained to the end; iterations 3-4 were buffered
+        assert logger.pending() == 0 and not buffer.exists()  # all replayed
+        history = Tracker(params, ci_project).client.get_metric_history(run_id, "reward/mean")
+        assert sorted(m.step for m in history) == [1, 2, 3, 4, 5, 6]
+        images = {a.path for a in Tracker(params, ci_project).client.list_artifacts(run_id, "images")}
+        assert images  # the buffered image grids arrived too
+        assert any("Training goes on" in r.getMessage() for r in caplog.records)
+        assert any("the store is back" in r.getMessage() for r in caplog.records)
+    finally:
+        if server.proc and server.proc.poll() is None:
+            server.stop()
+
+
+# --- one store, several processes; its artifacts beside it ---------------------------------------------------------
+
+
+def _log_many(args):
+    uri, root, k = args
+    from jagg_core.setup.params_io import load_params as lp
+    from jagg_core.pipeline.tracking import Tracker
+
+    params = lp(Path(root) / "params.yaml", "ci", {"tracking.mlflow_uri": uri, "tracking.retries": 10})
+    tr = Tracker(params, root)
+    run_id = tr.child_run("concurrent", f"w{k}", method=None, seed=None, key=f"k{k}")
+    lg = tr.logger(run_id)
+    for step in range(30):
+        lg.log_metrics({"x": float(step), "y": float(k)}, step)
+    return run_id
+
+
+@pytest.mark.slow  # launched training runs beside live servers (20-50 s)
+def test_several_processes_write_one_sqlite_store_without_losing_metrics(ci_project):
+    import multiprocessing as mp
+
+    from jagg_core.pipeline.tracking import Tracker
+
+    uri = f"sqlite:///{ci_project / 'mlflow.db'}"
+    params = ci(ci_project, **{"tracking.mlflow_uri": uri})
+    # A fresh store: the four processes race to create the database and the experiment.
+    with mp.get_context("spawn").Pool(4) as pool:
+        ids = pool.map(_log_many, [(uri, str(ci_project), k) for k in range(4)])
+    client = Tracker(params, ci_project).client
+    for run_id in ids:
+        assert len(client.get_metric_history(run_id, "x")) == 30
