@@ -204,7 +204,7 @@ def _lock_profile(root: Path) -> str | None:
     except (ParamsError, AttributeError):
         stages = {}
     names = {m.group(1) for body in stages.values() if isinstance(body, dict)
-             for m in [re.search(r" --profile (\S+)", str(body.get("cmd", "")))] if m}
+             for m in [re.search(r" --profile ([\w-][\w.-]*)(?:\s|$)", str(body.get("cmd", "")))] if m}
     if len(names) == 1:
         return names.pop()
     if (root / ROOT_PIPELINE).is_file():
