@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,6 +76,85 @@ def test_no_usable_checkpoint_is_a_clear_error_not_a_silent_restart(ci_project):
     (_ckpts(ci_project) / "checkpoint-000001" / "optimizer.pt").write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="no complete checkpoint"):
         train(params, "jagg", 0, root=ci_project, progress=False)
+
+
+def _checkpoints(root: Path):
+    import torch
+
+    from jagg_core.trainer.checkpoint import save_checkpoint
+
+    for it in (1, 2):
+        save_checkpoint(root, it, trainable={"w": torch.full((4, 4), float(it))}, optimizer={"step": it},
+                        state={"run_key": "k"}, keep=4)
+    return root / "checkpoint-000002"
+
+
+def _rematch(ckpt: Path, drop: str | None = None) -> None:
+    """Rewrite the manifest to match the folder as it is now (an attacker's or a bug's matching manifest)."""
+    import json
+
+    from jagg_core.trainer.checkpoint import file_sha256
+
+    manifest = {}
+    for p in sorted(ckpt.iterdir()):
+        if p.name in ("manifest.json", drop):
+            continue
+        manifest[p.name] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _damage(ckpt: Path, how: str) -> None:
+    import torch
+    from safetensors.torch import save
+
+    w = ckpt / "trainable.safetensors"
+    if how == "list":
+        (ckpt / "manifest.json").write_text("[]")
+    elif how == "empty":
+        (ckpt / "manifest.json").write_text("{}")
+    elif how == "no-weights-entry":
+        w.write_bytes(save({"w": torch.full((4, 4), 7.0)}))
+        _rematch(ckpt, drop="trainable.safetensors")
+    elif how == "huge-header":
+        w.write_bytes((2 ** 62).to_bytes(8, "little") + b"{}")
+        _rematch(ckpt)
+    elif how == "symlink-passwd":
+        w.unlink()
+        w.symlink_to("/etc/passwd")
+        _rematch(ckpt)
+    elif how == "nan-weights":
+        w.write_bytes(save({"w": torch.full((4, 4), float("nan"))}))
+        _rematch(ckpt)
+    elif how == "unlisted-file":
+        (ckpt / "extra.bin").write_bytes(b"x")
+    elif how == "entry-without-digest":
+        import json
+
+        (ckpt / "manifest.json").write_text(json.dumps({"state.json": {}, "trainable.safetensors": {}}))
+    elif how == "dev-zero":  # a listed entry that is a symlink to /dev/zero (size 0 by stat): hashing never ended
+        import hashlib
+        import json
+
+        o = ckpt / "optimizer.pt"
+        o.unlink()
+        o.symlink_to("/dev/zero")
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+        manifest["optimizer.pt"] = {"bytes": 0, "sha256": hashlib.sha256(b"").hexdigest()}
+        (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how", ["list", "empty", "no-weights-entry", "huge-header", "symlink-passwd", "nan-weights",
+                                 "unlisted-file", "entry-without-digest", "dev-zero"])
+def test_a_checkpoint_whose_manifest_does_not_prove_it_is_skipped_and_resume_falls_back(how, tmp_path):
+    from jagg_core.trainer.checkpoint import latest_checkpoint, verify_checkpoint
+
+    ckpt = _checkpoints(tmp_path / "ckpts")
+    assert verify_checkpoint(ckpt) is None
+    _damage(ckpt, how)
+    problem = verify_checkpoint(ckpt)
+    assert problem, how
+    assert "\n" not in problem
+    assert latest_checkpoint(tmp_path / "ckpts").iteration == 1  # the previous one, never a traceback
 
 
 # --- what is saved, and how it is loaded ---------------------------------------------------------------------------

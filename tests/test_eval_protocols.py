@@ -1,5 +1,6 @@
 """The evaluation protocols (``eval.protocol``): HPDv2's benchmark/ (per-style block means, x100) and its 400-prompt
-test.json (plain mean), read from a folder or the HF cache, their arithmetic by hand, and their labels in the report."""
+test.json (plain mean), read from a folder or the HF cache, their arithmetic by hand, and their labels in the report;
+a test prompt outside the toy grammar is one sentence before any image is generated."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 import huggingface_hub.constants
 import pytest
 
+from fault_helpers import PARAMS, _one_sentence
 from jagg_core.evaluation.protocols import apply_protocol, load_hpdv2_test
+from jagg_core.setup.params_io import load_params
 from jagg_core.setup.storage import PromptFileError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -203,3 +206,41 @@ def test_a_real_profile_prepares_the_test_set_of_its_protocol(tmp_path, profile,
     else:
         assert summary["test"] == {s: 3 for s in ("anime", "concept-art", "paintings", "photo")}
         assert not (lay.prompts / "test.json").exists()
+
+
+# --- test prompts outside the toy grammar, before any image is generated -------------------------------------------
+
+
+@pytest.mark.parametrize("prompt", ["a cat riding a bicycle", "x" * 10_000_000])
+def test_a_test_prompt_outside_the_toy_grammar_is_one_short_sentence(prompt, tmp_path):
+    import json
+
+    from jagg_core.evaluation.evaluate import EvalError, test_prompts
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "ci")
+    lay = Layout(tmp_path, "ci")
+    bench = lay.prompts / "benchmark"
+    bench.mkdir(parents=True)
+    (bench / "anime.json").write_text(json.dumps([prompt]))
+    with pytest.raises(EvalError) as e:
+        test_prompts(params, lay)
+    text = _one_sentence(e.value)
+    assert "toy world's grammar" in text and "anime.json: prompt 0" in text
+
+
+def test_a_test_list_prompt_outside_the_toy_grammar_names_the_test_list(tmp_path):
+    """eval.protocol hpdv2-test reads test.json: its sentence names that file, not a benchmark style's."""
+    import json
+
+    from jagg_core.evaluation.evaluate import EvalError, test_prompts
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "ci", {"eval.protocol": "hpdv2-test"})
+    lay = Layout(tmp_path, "ci")
+    lay.prompts.mkdir(parents=True)
+    (lay.prompts / "test.json").write_text(json.dumps([{"prompt": "a red circle"}, {"prompt": "a cat on a mat"}]))
+    with pytest.raises(EvalError) as e:
+        test_prompts(params, lay)
+    text = _one_sentence(e.value)
+    assert f"{lay.prompts / 'test.json'}: prompt 1 'a cat on a mat'" in text and "benchmark" not in text

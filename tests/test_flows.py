@@ -1,4 +1,4 @@
-"""The flows' own logic with Prefect's real engine (in-process): which failures a training task retries, and how a
+"""The flows' own logic with Prefect's real engine (in-process): which failures a stage task retries, and how a
 flow run's parameters become validated params."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import REPO
+from jagg_core.setup.config import ParamsError
 
 
 def test_training_is_retried_only_after_its_process_died(tmp_path, monkeypatch):
@@ -75,3 +76,41 @@ def test_a_full_disk_anywhere_is_one_sentence_not_a_traceback(capsys):
 
     with pytest.raises(PermissionError):
         other([])
+
+
+# --- no stage task retries an error that cannot succeed ------------------------------------------------------------
+
+
+class _State:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def result(self, raise_on_failure: bool = True):
+        raise self.exc
+
+
+def _errors():
+    from jagg_core.evaluation.evaluate import EvalError
+    from jagg_core.rewards import RewardError
+    from jagg_core.trainer.checkpoint import CheckpointError
+
+    from tasks.train import TrainingError
+
+    return [TypeError("tau"), RewardError("tau=200"), PermissionError(13, "read-only"), CheckpointError("[]"),
+            MemoryError(), EvalError("x"), TrainingError("x"), ParamsError("x")]
+
+
+@pytest.mark.parametrize("task", ["flows.stages:train_task", "flows.stages:evaluate_task",
+                                  "flows.stages:pretrain_task"])
+def test_no_task_retries_an_error_that_cannot_succeed(task):
+    import importlib
+
+    from tasks.train import WorkerDied
+
+    module, _, name = task.partition(":")
+    prefect_task = getattr(importlib.import_module(module), name)
+    condition = prefect_task.retry_condition_fn
+    assert condition is not None, f"{task} retries every error"
+    for exc in _errors():
+        assert condition(prefect_task, None, _State(exc)) is False, exc
+    assert condition(prefect_task, None, _State(WorkerDied("killed"))) is True

@@ -73,6 +73,20 @@ def test_user_errors_and_every_log_record_are_redacted(capsys):
     assert seen == ["store http://user:***@host:1/"]
 
 
+@pytest.mark.parametrize("text, secret", [
+    ("postgresql://admin:p@ss@db:5432/mlflow", "ss@db"),
+    ("postgresql://admin:p@ss@db:5432/mlflow", "p@ss"),
+    ("http://ghp_TOKEN1234@github.com/x", "ghp_TOKEN1234"),
+    ("https://u:s3cr@t@h:5000/ and later s3cr@t alone", "s3cr@t"),
+])
+def test_credentials_with_an_at_sign_or_a_token_alone_are_redacted(text, secret):
+    from jagg_core.setup.redact import redact
+
+    shown = redact({"tracking": {"mlflow_uri": text}})["tracking"]["mlflow_uri"]
+    assert secret not in shown and "***" in shown
+    assert redact("sqlite:///mlflow.db") == "sqlite:///mlflow.db" and redact("http://h/a@b") == "http://h/a@b"
+
+
 # --- a run's files, output and stores hold no secret ---------------------------------------------------------------
 
 

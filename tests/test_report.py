@@ -1,4 +1,5 @@
-"""The report's statistics and summary.json, from evaluation files and curves written by hand (no training)."""
+"""The report's statistics and summary.json, from evaluation files and curves written by hand (no training), and its
+one sentence on a damaged, missing or non-finite input."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from fault_helpers import PARAMS, _one_sentence
 from jagg_core.pipeline.report import build_report, paired_interval
+from jagg_core.setup.params_io import load_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,3 +145,47 @@ def test_iteration_breakdown_by_hand(tmp_path):
     assert p["other"] == pytest.approx(3.05 - (1.0 + 0.1 + 0.5 + 1.0 + 0.05 + 0.05 + 0.2 + 0.02 + 0.04))
     assert b["overhead_s"] == pytest.approx(0.2 + 0.02 + 0.04 + p["other"])
     assert b["overhead_share"] == pytest.approx(b["overhead_s"] / 3.05)
+
+
+# --- the report on damaged, missing or non-finite inputs -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("metrics-garbage", "cannot be read as JSON"),
+    ("metrics-list", "does not hold an evaluation's metrics"),
+    ("metrics-nan", "does not hold an evaluation's metrics"),
+    ("curve-garbage", "is not a row of numbers"),
+    ("curve-binary", "cannot be read as a curve"),
+    ("nothing", "nothing to report"),
+])
+def test_the_report_on_damaged_or_missing_files_is_one_sentence(damage, says, tmp_path):
+    import json
+
+    from jagg_core.setup.paths import Layout
+    from jagg_core.pipeline.report import build_report
+
+    params = load_params(PARAMS, "toy", {"profile": "rep", "run.methods": ["jagg"], "eval.metrics": ["toy_fidelity"]})
+    lay = Layout(tmp_path, "rep")
+    mf = lay.eval_dir("jagg-s0") / "metrics.json"
+    curve = lay.curve("jagg-s0")
+    mf.parent.mkdir(parents=True)
+    curve.parent.mkdir(parents=True)
+    mf.write_text(json.dumps({"metrics": {"toy_fidelity": {"benchmark": 0.5}}}))
+    curve.write_text("iteration\treward/mean\n1\t0.5\n")
+    if damage == "metrics-garbage":
+        mf.write_bytes(b"\xff{not json")
+    elif damage == "metrics-list":
+        mf.write_text("[]")
+    elif damage == "metrics-nan":
+        mf.write_text('{"metrics": {"toy_fidelity": {"benchmark": NaN}}}')
+    elif damage == "curve-garbage":
+        curve.write_text("iteration\treward/mean\n1\tgarbage\n")
+    elif damage == "curve-binary":
+        curve.write_bytes(b"\xff\xfe\x00")
+    elif damage == "nothing":
+        mf.unlink()
+    from jagg_core.pipeline.report import ReportError
+
+    with pytest.raises(ReportError) as e:
+        build_report(params, lay)
+    assert says in _one_sentence(e.value)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, WORKER_ARGS, run_module
-from fault_helpers import _ckpts, ci
+from fault_helpers import _ckpts, _one_sentence, ci
 from jagg_core.setup.paths import Layout
 from jagg_core.trainer import CheckpointError, list_checkpoints, train
 from jagg_core.trainer.checkpoint import load_tensors
@@ -117,3 +117,28 @@ def test_a_trained_run_started_again_launches_no_worker_unless_its_last_checkpoi
     weights.write_bytes(weights.read_bytes()[:-8])  # a truncated file: the manifest's digest no longer holds
     stage.train_run(params, lay, "jagg", 0)
     assert launched == [(lay, "jagg", 0)], launched
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("truncate", "lacks iteration(s) 3, 4"),
+    ("delete", "does not exist"),
+    ("twice", "twice"),
+])
+def test_a_damaged_curve_refuses_resume_with_one_sentence(damage, says, tmp_path):
+    from jagg_core.trainer.curve import TsvCurve
+    from jagg_core.trainer.errors import TrainingError
+
+    curve = tmp_path / "curve.tsv"
+    rows = "".join(f"{i}\t0.{i}\n" for i in range(1, 5))
+    curve.write_text("iteration\treward/mean\n" + {"truncate": "1\t0.1\n2\t0.2\n", "delete": "",
+                                                    "twice": rows + "2\t0.2\n"}[damage] if damage != "twice" else
+                     "iteration\treward/mean\n1\t0.1\n2\t0.2\n2\t0.2\n3\t0.3\n4\t0.4\n")
+    if damage == "delete":
+        curve.unlink()
+    with pytest.raises(TrainingError) as e:
+        TsvCurve(curve, resume_from=4)
+    text = _one_sentence(e.value)
+    assert says in text and "--restart" in text
+    curve.write_text("iteration\treward/mean\n" + rows + "5\t0.5\n")  # rows after the checkpoint: dropped, as before
+    assert [r["iteration"] for r in TsvCurve(curve, resume_from=4).rows] == [1, 2, 3, 4]
+    assert TsvCurve(tmp_path / "new.tsv", resume_from=0).rows == []  # a fresh run needs none

@@ -6,6 +6,8 @@ every file touch goes through it; tests/test_fifo_and_link_doors.py has issue 61
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import run_module
@@ -27,3 +29,24 @@ def test_bad_prompt_files_are_refused_and_nothing_is_written(ci_project, content
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("jagg: error:")]
     assert len(lines) == 1 and fragment in lines[0], out.stderr
     assert not (ci_project / "eval").exists()
+
+
+# --- content digests; the folders storage makes --------------------------------------------------------------------
+
+
+def test_the_base_models_digest_is_its_content_not_its_file_times(tmp_path, monkeypatch):
+    from jagg_core.setup.storage import folder_digest
+
+    monkeypatch.setenv("JAGG_DIGEST_CACHE", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "a.safetensors").write_bytes(b"a" * 100)
+    (model / "config.json").write_text("{}")
+    for limit in (1 << 30, 10):  # hashed as one stream, and file by file (a large model)
+        before = folder_digest(model, content_limit=limit)
+        os.utime(model / "a.safetensors", (1, 1))  # `touch`
+        assert folder_digest(model, content_limit=limit) == before
+        (model / "a.safetensors").write_bytes(b"b" * 100)  # same size, other content, then the old time again
+        os.utime(model / "a.safetensors", (1, 1))
+        assert folder_digest(model, content_limit=limit) != before
+        (model / "a.safetensors").write_bytes(b"a" * 100)

@@ -163,3 +163,19 @@ def test_a_workers_own_errors_are_user_error_sentences_that_are_not_retried(tmp_
 
     assert not _retryable(None, None, State())
     assert isinstance(_failure("jagg-s0", -9, deque(["killed"])), WorkerDied)
+
+
+def test_a_workers_python_error_reaches_its_launcher_as_an_error_not_a_death(capsys):
+    from collections import deque
+
+    from tasks.launch import report_error_class
+    from tasks.train import WorkerDied, _failure
+
+    with pytest.raises(TypeError):
+        with report_error_class():
+            raise TypeError("unsupported operand type(s) for -: 'str' and 'float'")
+    tail = deque(["Traceback (most recent call last):", *capsys.readouterr().err.splitlines(),
+                  "subprocess.CalledProcessError: Command '[...]' returned non-zero exit status 1."])
+    failure = _failure("jagg-s0", 1, tail)
+    assert not isinstance(failure, WorkerDied) and "TypeError" in str(failure)
+    assert isinstance(_failure("jagg-s0", -9, deque(["Killed"])), WorkerDied)  # a death is still retried
