@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from conftest import REPO, run_module
 from fault_helpers import PARAMS, _one_sentence
 from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params, parse_yaml
@@ -496,3 +496,83 @@ def test_no_silent_defaults(text, profile, says, tmp_path):
     with pytest.raises(ParamsError) as e:
         load_params(path, profile)
     assert says in _one_sentence(e.value)
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"sample.group_size": 1024, "sample.prompts_per_iteration": 65536, "sample.batch_size": 65536},
+     "images per iteration"),
+    ({"sample.group_size": 512, "sample.prompts_per_iteration": 16, "sample.num_steps": 1000}, "stored latents"),
+])
+def test_c2_products_of_sizes_are_bounded_with_one_sentence(overrides, says):
+    """Each size was bounded on its own (round 4), their product was not: 1024 × 65,536 images per iteration was an
+    out-of-memory error in the worker, classed as a death and retried. Now one sentence at validation."""
+    with pytest.raises(ParamsError, match=says) as e:
+        load_params(PARAMS, "ci", overrides)
+    _one_sentence(str(e.value))
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"run.seeds": [True]}, "run.seeds.0"),
+    ({"run.seeds": ["3"]}, "run.seeds.0"),
+    ({"run.seeds": [3.0]}, "run.seeds.0"),
+    ({"reward.weights": {"toy_fidelity": True}}, "reward.weights.toy_fidelity"),
+    ({"train.adam_betas": [True, 0.999]}, "train.adam_betas.0"),
+    ({"sample.sde_window_range": [False, True]}, "sample.sde_window_range.0"),
+    ({"sample.sde_window_range": ["0", "1"]}, "sample.sde_window_range.0"),
+    ({"model.options.lora": {"rank": True}}, "model.options.lora.rank"),
+    ({"model.options.lora": {"rank": "8"}}, "model.options.lora.rank"),
+    ({"model.options.lora": {"dropout": False}}, "model.options.lora.dropout"),
+    ({"reward.frames": [True]}, "reward.frames"),
+    ({"eval.metrics": []}, "eval.metrics"),
+    ({"tracking.retries": 1_000_000}, "tracking.retries"),
+])
+def test_c6_bools_and_quoted_counts_are_refused_inside_lists_and_dicts(overrides, says):
+    """Round 4's "true/false is not a number, "5" is not a count" held for top-level fields only: `run.seeds=[true]`
+    trained seed 1, `["3"]` seed 3, `reward.weights={toy_fidelity: true}` weighed 1.0; `eval.metrics=[]` passed
+    validation and failed once the MLflow run existed; `tracking.retries` had no upper bound. One sentence each."""
+    with pytest.raises(ParamsError, match=says.replace(".", r"\.")) as e:
+        load_params(PARAMS, "ci", overrides)
+    _one_sentence(str(e.value))
+
+
+def test_c6_valid_values_inside_lists_and_dicts_still_read():
+    """What was valid stays valid: numeric strings for numbers (YAML 1.1 reads 3e-4 as one), ints for numbers."""
+    p = load_params(PARAMS, "ci", {"run.seeds": [0, 7], "reward.weights": {"toy_fidelity": 1, "toy_preference": "5e-1"},
+                                   "train.adam_betas": [0.9, "0.99"], "sample.sde_window_range": [0, 1],
+                                   "model.options.lora": {"rank": 4, "alpha": 8}, "tracking.retries": 20})
+    assert p.run.seeds == [0, 7] and p.reward.weights == {"toy_fidelity": 1.0, "toy_preference": 0.5}
+    assert p.train.adam_betas == (0.9, 0.99) and p.model.options["lora"]["rank"] == 4
+
+
+def test_c6_yaml_merge_keys_are_read_in_a_file_and_in_set(tmp_path):
+    """`<<: *base` and `<<: [*a, *b]` are YAML that `yaml.safe_load` reads; the duplicate-key loader refused them as
+    "not valid YAML". A key written beside the merge overrides the merged one; a key written twice is still refused."""
+    from tasks.common import parse_overrides
+
+    f = tmp_path / "params.yaml"
+    f.write_text(PARAMS.read_text().replace(
+        "  ci:\n", "  merged:\n    world: &w {seed: 3}\n    pretrain: {<<: *w, steps: 40}\n"
+        "    train: {<<: [{iterations: 3}, {lr: 0.0002}], micro_batch: 8}\n  ci:\n", 1))
+    p = load_params(f, "merged")
+    assert p.pretrain.seed == 3 and p.pretrain.steps == 40
+    assert p.train.iterations == 3 and p.train.lr == 0.0002 and p.train.micro_batch == 8
+    sets = parse_overrides(["train={<<: {iterations: 5, lr: 0.001}, lr: 0.002}"])
+    assert sets == {"train": {"iterations": 5, "lr": 0.002}}
+    with pytest.raises(ParamsError, match="appears twice"):
+        parse_overrides(["train={<<: {iterations: 5}, lr: 0.1, lr: 0.2}"])
+
+
+def test_c3_an_empty_profile_overlay_with_no_sections_is_refused(tmp_path):
+    """A params file holding `profile: ci` and `profiles: {ci: {}}` passed round 4's check (`profile: ci` alone) and
+    prepare overwrote data/ci/prompts with the code's sizes; what was there is kept."""
+    root = tmp_path / "project"
+    (root / "data" / "ci" / "prompts").mkdir(parents=True)
+    kept = root / "data" / "ci" / "prompts" / "train.jsonl"
+    kept.write_text('{"prompt": "kept"}\n')
+    (root / "params.yaml").write_text("profile: ci\nprofiles: {ci: {}}\n")
+    out = run_module("tasks.prepare", root=root, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "every value would be the code's default" in _one_sentence(out.stderr.removeprefix("jagg: error: "))
+    assert kept.read_text() == '{"prompt": "kept"}\n'
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
+        "data/ci/prompts/train.jsonl", "params.yaml"]

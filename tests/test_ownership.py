@@ -4,8 +4,14 @@ or cannot be checked and has missed its heartbeats, is taken over with one warni
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from conftest import REPO
 from fault_helpers import PARAMS
 from jagg_core.setup.params_io import load_params
 
@@ -81,3 +87,74 @@ def test_sigterm_right_after_jagg_train_creates_its_run_marks_it_killed(ci_proje
     assert out.returncode == 143, out.stderr[-2000:]
     params = load_params(ci_project / "params.yaml", "ci")
     assert _statuses(Tracker(params, ci_project))["jagg-s0"] == "KILLED"
+
+
+# --- a stage ends only the runs it owns; an owner gone is reaped ---------------------------------------------------
+
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.paths import Layout
+from jagg_core.pipeline.tracking import Tracker
+from jagg_core.trainer.fingerprint import run_fingerprint
+root = Path(sys.argv[1])
+params = load_params(root / "params.yaml", "ci")
+lay = Layout.of(params, root)
+tracker = Tracker(params, root)
+key = run_fingerprint(params, lay, "jagg", 0)
+print(tracker.child_run(sys.argv[2], "jagg-s0", method="jagg", seed=0, key=key), flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(root: Path, sweep: str = "default") -> tuple[subprocess.Popen, str]:
+    """Another process that created the MLflow run of jagg-s0 and holds it RUNNING (as a training launcher does)."""
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(root), sweep], cwd=root, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO), "JAGG_ROOT": str(root)})
+    run_id = proc.stdout.readline().strip()
+    assert run_id, "the holder made no run"
+    return proc, run_id
+
+
+def test_c7_a_stage_ends_only_runs_it_owns_and_reaps_runs_whose_owner_is_gone(ci_project):
+    """`jagg evaluate --run jagg-s0` while `jagg train` trains it marked the *training* run FINISHED (or FAILED on an
+    error); a second `jagg train` refused by the lock marked the shared run FAILED while the first trained; a
+    SIGKILLed `jagg run` left its run RUNNING for ever, even after a complete rerun. Now a stage ends only runs it
+    owns (a tag naming its process), a second trainer is refused before it touches the run, and a RUNNING run whose
+    owner process is gone is marked KILLED by the next stage that touches a run of that name."""
+    import signal
+
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.setup.paths import Layout
+    from jagg_core.setup.storage import LockedError
+    from tasks.evaluate import evaluate
+    from tasks.train import train_run
+
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+    proc, run_id = _holder(ci_project)
+    try:
+        tracker = Tracker(params, ci_project)
+        status = lambda: tracker.client.get_run(run_id).info.status  # noqa: E731
+        tracker.finish(run_id)  # what evaluate did at its end
+        with pytest.raises(ValueError):
+            with tracker.ending(run_id):  # what any stage's error did
+                raise ValueError("an error of this stage")
+        assert status() == "RUNNING"
+        with pytest.raises(LockedError, match=r"training run jagg-s0 is being trained by process .*:%d" % proc.pid):
+            train_run(params, lay, "jagg", 0)  # a second trainer: refused, the run untouched
+        assert status() == "RUNNING"
+        with pytest.raises(Exception):  # nothing to evaluate yet (no checkpoint): an error of evaluate's own
+            evaluate(params, lay, "jagg-s0")
+        assert status() == "RUNNING"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert status() == "RUNNING"  # left by a killed process, until a stage touches a run of its name
+    other = tracker.child_run("a-later-sweep", "jagg-s0", method="jagg", seed=0, key="another")
+    assert status() == "KILLED"
+    assert tracker.client.get_run(other).info.status == "RUNNING" and tracker.claim(other)
+    tracker.finish(other)
+    assert tracker.client.get_run(other).info.status == "FINISHED"

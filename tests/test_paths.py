@@ -3,7 +3,14 @@ a file as the argument names), checked before any work; a profile's stages write
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
+
 import pytest
+
+from conftest import run_module
+from fault_helpers import PARAMS, _one_sentence
 
 
 # --- run names and style names -------------------------------------------------------------------------------------
@@ -16,3 +23,84 @@ def test_style_names_cannot_escape_the_output_folder(tmp_path):
     for style in ("../evil", "a/b", "..", "UPPER"):
         with pytest.raises(ValueError, match="style name"):
             load_hps_benchmark(tmp_path, styles=[style])
+
+
+@pytest.mark.parametrize("name", ["jagg-s0\n", "jagg-s\u0663", "jagg-s" + "9" * 20, "jagg-s2147483648",
+                                  "../../../esc/x-s0", "jagg-s007", "JAGG-s0", "x" * 65 + "-s0", "jagg-s-1", ""])
+def test_c4_one_parser_for_run_names(name):
+    """`evaluate --run` and `export --run` read a run name with one parser, which takes exactly what `run_name` writes
+    for a method and a seed that run.methods and --seed accept (a trailing newline, non-ASCII digits and 20-digit
+    seeds passed Python's `$` and `\\d`; `../../../esc/x-s0` exported a checkpoint from outside the project)."""
+    from jagg_core.errors import UserError
+    from jagg_core.setup.paths import parse_run_name
+
+    with pytest.raises(UserError, match="is not a run name") as e:
+        parse_run_name(name)
+    _one_sentence(str(e.value))
+    assert parse_run_name("jagg-s0") == ("jagg", 0)
+    assert parse_run_name("ablate-matched-s2147483647") == ("ablate-matched", 2**31 - 1)
+
+
+def test_c4_evaluate_and_export_refuse_what_is_not_a_run_and_open_no_mlflow_run(tmp_path):
+    """Before any work and before an MLflow run exists (evaluate made a FAILED run for each such name)."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    for module, name in [("tasks.evaluate", "jagg-s0\n"), ("tasks.evaluate", "jagg-s" + "1" * 20),
+                         ("tasks.export", "../../../esc/x-s0")]:
+        out = run_module(module, "--profile", "ci", "--run", name, root=root, timeout=300)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert "is not a run name" in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]  # no mlflow.db, no exports/, nothing
+
+
+# --- path arguments follow one rule, before any work ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, says", [
+    (["tasks.report", "--base-grid", "/tmp/jagg-r5-grid.png"], "--base-grid '/tmp/jagg-r5-grid.png' leads outside"),
+    (["tasks.report", "--base-grid", "../grid.png"], "leads outside the project"),
+    (["tasks.report", "--base-grid", "data"], "is not a regular file"),
+    (["tasks.report", "--base-grid", "params.yaml/x.png"], "goes through params.yaml, a file"),
+    (["tasks.report", "--copy-to", "params.yaml"], "--copy-to 'params.yaml' is a file, not a folder"),
+    (["tasks.report", "--copy-to", "/"], "leads outside the project"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "/etc"], "--main-job '/etc' leads outside the project"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "reports/damaged"], "is not a report's summary"),
+    (["tasks.bench", "--no-mlflow", "--main-job", "reports/fifo"], "not a regular file"),
+])
+def test_c4_path_arguments_follow_one_rule(args, says, tmp_path):
+    """`report --copy-to` and `--base-grid` wrote anywhere (`--base-grid` made a folder at the filesystem root) and
+    gave tracebacks onto a file or a folder; `bench --main-job` read any folder and gave a traceback on a damaged
+    summary.json. One rule (inside the project; a folder or a file as the argument names), one sentence, exit 1,
+    nothing written."""
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    shutil.copy(PARAMS, root / "params.yaml")
+    (root / "reports" / "damaged").mkdir(parents=True)
+    (root / "reports" / "damaged" / "summary.json").write_text('[{"iteration_breakdown": 1}]')
+    (root / "reports" / "fifo").mkdir()
+    os.mkfifo(root / "reports" / "fifo" / "summary.json")
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    out = run_module(*args[:1], "--profile", "ci", *args[1:], root=root, timeout=120)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert says in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    assert not Path("/tmp/jagg-r5-grid.png").exists()
+
+
+# --- a profile's folders are its own -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stage", ["tasks.prepare", "tasks.pretrain", "tasks.train", "tasks.evaluate"])
+def test_c3_a_profile_override_cannot_write_into_another_profiles_folders(stage, tmp_path):
+    """`jagg prepare --profile ci --set profile=toy` exited 0 and rewrote data/toy/prompts with ci's prompts (train,
+    pretrain and evaluate took the same path; only the flows refused a `profile` override). One sentence, exit 1,
+    nothing written."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    extra = {"tasks.train": ["--method", "jagg"], "tasks.evaluate": ["--run", "jagg-s0"]}.get(stage, [])
+    out = run_module(stage, "--profile", "ci", "--set", "profile=toy", *extra, root=root, timeout=300)
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "would write profile 'ci'" in _one_sentence(out.stderr.removeprefix("jagg: error: "))
+    assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]

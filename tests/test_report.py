@@ -189,3 +189,35 @@ def test_the_report_on_damaged_or_missing_files_is_one_sentence(damage, says, tm
     with pytest.raises(ReportError) as e:
         build_report(params, lay)
     assert says in _one_sentence(e.value)
+
+
+def test_c5_a_curve_with_nan_or_inf_rows_is_reported_not_a_crash(tmp_path):
+    """`nan` / `inf` rows (a skipped update's reward, a damaged time) made `jagg report` crash in its statistics
+    (statistics.pstdev: AttributeError); a value that is not finite is not a measurement: the speed table and the
+    iteration breakdown are built without it."""
+    import math
+
+    from jagg_core.pipeline.report import _Run, iteration_breakdown, read_curve, speed_table
+
+    curve = tmp_path / "curve.tsv"
+    curve.write_text("iteration\treward/mean\ttime/iteration\ttime/update\ttime/rollout\n1\t0.5\t1.0\t0.5\t0.3\n"
+                     "2\tnan\tinf\t0.4\t0.3\n3\t0.6\t1.1\t-inf\t0.3\n4\tinf\tnan\tnan\tnan\n")
+    params = load_params(PARAMS, "toy", {"run.methods": ["jagg"]})
+    runs = [_Run("jagg", 0, read_curve(curve), None)]
+    (speed,) = speed_table(params, runs)
+    assert speed["time/update"] == pytest.approx(0.4)  # iterations 2-4 (the first is warm-up): only 0.4 is finite
+    (phases,) = iteration_breakdown(runs, params.train)
+    assert phases["iteration_s"] == pytest.approx(1.1) and math.isfinite(phases["overhead_share"])
+
+
+def test_c5_a_refused_report_leaves_no_empty_folder(tmp_path):
+    """`jagg report --set outputs=ghost` (nothing evaluated there) is one sentence and leaves no empty report
+    folder behind."""
+    from jagg_core.pipeline.report import ReportError, build_report
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "toy", {"profile": "rep", "outputs": "ghost"})
+    lay = Layout.of(params, tmp_path)
+    with pytest.raises(ReportError, match="nothing to report"):
+        build_report(params, lay)
+    assert not lay.report_dir.exists() and not any(tmp_path.iterdir())

@@ -11,6 +11,7 @@ import os
 import pytest
 
 from conftest import run_module
+from fault_helpers import _one_sentence
 
 
 # --- prompt files --------------------------------------------------------------------------------------------------
@@ -29,6 +30,32 @@ def test_bad_prompt_files_are_refused_and_nothing_is_written(ci_project, content
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("jagg: error:")]
     assert len(lines) == 1 and fragment in lines[0], out.stderr
     assert not (ci_project / "eval").exists()
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "folder", "huge"])
+def test_c5_prompt_files_are_bounded_regular_files(kind, tmp_path):
+    """`train.jsonl` as a symlink to /dev/zero was read until killed (memory growing), a FIFO hung, a folder was an
+    IsADirectoryError traceback. Now one sentence each, at once."""
+    import time
+
+    from jagg_core.setup.storage import MAX_READ_BYTES, PromptFileError, read_prompts
+
+    path = tmp_path / "train.jsonl"
+    if kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        with open(path, "wb") as f:
+            f.truncate(MAX_READ_BYTES + 1)  # sparse: no disk used
+    t0 = time.monotonic()
+    with pytest.raises(PromptFileError) as e:
+        read_prompts(path)
+    assert time.monotonic() - t0 < 5
+    text = _one_sentence(str(e.value))
+    assert str(path) in text and ("regular file" in text or "folder" in text or "larger than" in text), text
 
 
 # --- content digests; the folders storage makes --------------------------------------------------------------------

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import run_module
-from fault_helpers import _MlflowServer, ci
+from fault_helpers import PARAMS, _MlflowServer, ci
+from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.trainer import train
 
@@ -144,6 +145,30 @@ def test_a_store_that_goes_down_mid_run_does_not_stop_training_and_gets_everythi
     finally:
         if server.proc and server.proc.poll() is None:
             server.stop()
+
+
+def test_c5_a_torn_line_in_the_offline_metrics_buffer_is_skipped_not_a_traceback(tmp_path, caplog):
+    """A run killed while appending to `mlflow-pending.jsonl` leaves a torn last line: replaying it was a
+    JSONDecodeError traceback that marked the trained run FAILED. The whole records are sent, the torn one is named
+    in a warning."""
+    import json
+
+    from jagg_core.pipeline.tracking import MlflowLogger, Tracker
+
+    params = load_params(PARAMS, "ci", {"tracking.mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db"})
+    tracker = Tracker(params, tmp_path)
+    run_id = tracker.child_run("torn", "jagg-s0", method="jagg", seed=0, key="k")
+    buffer = tmp_path / "runs" / "mlflow-pending.jsonl"
+    buffer.parent.mkdir(parents=True)
+    good = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
+    buffer.write_text(json.dumps(good) + "\n" + json.dumps({**good, "step": 2})[:25])
+    logger = MlflowLogger(tracker, run_id, buffer)
+    assert logger.pending() == 1
+    assert logger.flush() == 1
+    assert not buffer.exists()
+    history = tracker.client.get_metric_history(run_id, "reward/mean")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+    assert any("line 2 is not a whole record" in r.getMessage() for r in caplog.records)
 
 
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------

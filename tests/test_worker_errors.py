@@ -179,3 +179,110 @@ def test_a_workers_python_error_reaches_its_launcher_as_an_error_not_a_death(cap
     failure = _failure("jagg-s0", 1, tail)
     assert not isinstance(failure, WorkerDied) and "TypeError" in str(failure)
     assert isinstance(_failure("jagg-s0", -9, deque(["Killed"])), WorkerDied)  # a death is still retried
+
+
+def test_c2_a_workers_error_behind_a_long_traceback_is_its_own_not_a_death(ci_project, monkeypatch):
+    """A real `accelerate launch` whose worker raises a PermissionError deep in the trainer (as under a read-only
+    checkpoint folder): its traceback and accelerate's own lines are longer than the 30 lines the launcher keeps, so
+    the "jagg: worker error" line printed before them scrolled away and the failure was a WorkerDied, retried twice
+    under `jagg run`. The worker's outcome file says what it was: a TrainingError naming the PermissionError.
+    (Through `accelerate launch`, as several processes start: one process starts without it, and its own traceback
+    alone is shorter than 30 lines; tests/test_worker_errors.py has a worker's error on that path.)"""
+    import logging
+
+    from jagg_core.setup.paths import Layout
+    from jagg_core.trainer import TrainingError
+    from jagg_core.trainer.fingerprint import run_fingerprint
+    from tasks.launch import Machine, write_context
+    from tasks.train import WorkerDied, _launch_workers, _retryable
+
+    params = load_params(ci_project / "params.yaml", "ci", {"train.iterations": 1})
+    lay = Layout.of(params, ci_project)
+    context = lay.run_dir("jagg-s0") / ".worker-context-test.json"
+    write_context(context, params, lay, "", run_fingerprint(params, lay, "jagg", 0))
+    monkeypatch.setenv("JAGG_FAULT", "rollout@1:eacces")
+    lines = []
+
+    class Log:
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    import tasks.train
+
+    tails = []
+
+    def launch(*args, **kwargs):  # the real launch; its tail (the last 30 lines) kept for the check below
+        rc, tail = real_launch(*args, **kwargs)
+        tails.append(tail)
+        return rc, tail
+
+    real_launch = tasks.train.launch
+    monkeypatch.setattr(tasks.train, "launch", launch)
+    monkeypatch.setattr(tasks.train, "without_launcher", lambda cmd, env: None)
+    with pytest.raises(TrainingError) as e:
+        _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
+    assert not isinstance(e.value, WorkerDied), e.value
+    assert "PermissionError" in str(e.value) and "Permission denied (injected)" in str(e.value), e.value
+    assert any("jagg: worker error: PermissionError" in line for line in lines)  # printed, then scrolled away:
+    assert not any("jagg: worker error" in line for line in tails[0]), "the traceback was short: proves nothing"
+
+    class State:  # what Prefect's retry condition sees
+        def result(self, raise_on_failure=True):
+            raise e.value
+
+    assert not _retryable(None, None, State())
+    assert not list(context.parent.glob(context.name + ".outcome-*"))  # read and removed
+
+
+def test_c2_a_launch_without_an_outcome_is_a_death_and_outcomes_are_bounded(tmp_path):
+    """No outcome file (killed, out of memory): a WorkerDied, the one error retried; a user error's outcome is its
+    own class; a garbage or huge outcome file is no outcome."""
+    from collections import deque
+
+    from jagg_core.trainer.checkpoint import CheckpointError
+    from tasks.launch import outcome_file, read_outcome, report_error_class
+    from tasks.train import WorkerDied, _failure
+
+    context = tmp_path / "ctx.json"
+    with pytest.raises(CheckpointError):
+        with report_error_class(context):
+            raise CheckpointError("checkpoint 3 is damaged; move it aside.")
+    outcome = read_outcome(context)
+    failure = _failure("jagg-s0", 1, deque(["x"] * 30), outcome)
+    assert type(failure) is CheckpointError and "checkpoint 3 is damaged" in str(failure)
+    assert read_outcome(context) is None  # removed once read
+    outcome_file(context, 1).write_bytes(b"\xff{garbage")
+    outcome_file(context, 2).write_text('{"kind": "user", "class": "os:system", "message": "' + "x" * 100_000 + '"}')
+    assert read_outcome(context) is None
+    assert isinstance(_failure("jagg-s0", -9, deque(["Killed"]), None), WorkerDied)
+
+
+def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci_project, monkeypatch):
+    """A real `accelerate launch` (as several processes start; one starts without it) whose worker stops on a user
+    error (a prompt file it cannot use): what the launcher relays is the worker's one sentence; accelerate's 10-line
+    `CalledProcessError` traceback ("[run] Traceback …") and the class line meant for the launcher are not shown."""
+    import tasks.train
+
+    from jagg_core.setup.paths import Layout
+    from jagg_core.setup.storage import PromptFileError
+    from jagg_core.trainer.fingerprint import run_fingerprint
+    from tasks.launch import Machine, write_context
+    from tasks.train import _launch_workers
+
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+    context = lay.run_dir("jagg-s0") / ".worker-context-test.json"
+    write_context(context, params, lay, "", run_fingerprint(params, lay, "jagg", 0))
+    _write_prompts(lay, "")
+    lines = []
+
+    class Log:
+        def info(self, fmt, *args):
+            lines.append(fmt % args)
+
+    monkeypatch.setattr(tasks.train, "without_launcher", lambda cmd, env: None)
+    with pytest.raises(PromptFileError, match="is an empty prompt"):
+        _launch_workers(params, lay, "jagg", 0, Machine(), context, Log())
+    shown = "\n".join(lines)
+    assert "is an empty prompt" in shown, shown
+    assert "Traceback" not in shown and "CalledProcessError" not in shown and "error class" not in shown, shown
