@@ -90,3 +90,12 @@ def _files_holding(folder: Path, secret: bytes) -> list[str]:
         except OSError:
             pass
     return hits
+
+
+def _tracker(root: Path):
+    """A real MLflow store (SQLite) under ``root`` and the ci profile's params and layout."""
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.setup.paths import Layout
+
+    params = load_params(PARAMS, "ci")
+    return Tracker(params, root), params, Layout.of(params, root)

@@ -576,3 +576,12 @@ def test_c3_an_empty_profile_overlay_with_no_sections_is_refused(tmp_path):
     assert kept.read_text() == '{"prompt": "kept"}\n'
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == [
         "data/ci/prompts/train.jsonl", "params.yaml"]
+
+
+def test_m6_a_key_path_1200_deep_is_one_sentence(tmp_path):
+    """`--set a.a.…(1200 parts)=1` was a RecursionError traceback (validation recursed through the nested tree)."""
+    deep = ".".join(["a"] * 1200)
+    with pytest.raises(ParamsError, match="1,200 levels deep"):
+        load_params(PARAMS, "ci", {deep: 1})
+    out = run_module("tasks.plan", "--profile", "ci", "--params", str(PARAMS), "--set", f"{deep}=1", root=tmp_path)
+    assert out.returncode == 1 and _one_sentence(out.stderr).startswith("jagg: error: override a.a."), out.stderr

@@ -1,6 +1,6 @@
 """scripts/jagg_fidelity_study.py's arithmetic on small float64 models (docs/jagg_fidelity.md): the Gram readings
 agree with gradient_fidelity, the per-step error split sums to the total, and Theorem 1's premise gives a zero
-velocity residual and a zero error."""
+velocity residual and a zero error. Its command line refuses what it cannot use in one sentence."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import REPO
+from fault_helpers import _one_sentence
 from jagg_core import interpolation_weights
 from jagg_core.fidelity import gradient_fidelity
 from velocity_models import AffineVelocity, NonlinearVelocity, ppo_problem, segment_group
@@ -101,3 +103,52 @@ def test_t_interval_and_residual_formula(study):
     a = 0.4
     direct = ((v[:, 1] - (1 - a) * v[:, 0] - a * v[:, 3]) ** 2).sum(-1)
     assert np.allclose(study.residual_sq(vg, 1, a), direct)
+
+
+# --- the script's command line: one sentence for what it cannot use ------------------------------------------------
+
+
+def _study():
+    """scripts/jagg_fidelity_study.py as a module (in this process: torch is imported once)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("jagg_fidelity_study", REPO / "scripts" / "jagg_fidelity_study.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _refused_by_study(capsys, *args: str) -> str:
+    assert _study().main(list(args)) == 1
+    return _one_sentence(capsys.readouterr().err)
+
+
+def test_m6_fidelity_study_summarise_only_on_an_empty_folder_is_one_sentence(tmp_path, capsys):
+    """`scripts/jagg_fidelity_study.py --summarise-only` on an empty folder was "ValueError: min() arg is an empty
+    sequence" (a traceback). Now one sentence, exit 1, nothing written."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "holds no readings to summarise" in _refused_by_study(capsys, "--summarise-only", "--out", str(empty))
+    assert list(empty.iterdir()) == []
+
+
+def test_m6_fidelity_study_a_cut_readings_file_is_one_sentence(tmp_path, capsys):
+    """A readings.jsonl cut in its second line was a JSONDecodeError traceback. Now one sentence naming the line, exit
+    1, the file as it was and no summary written."""
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    readings = (REPO / "docs" / "jagg_fidelity" / "readings.jsonl").read_text()
+    text = readings[: len(readings.splitlines()[0]) * 3 // 2]
+    (cut / "readings.jsonl").write_text(text)
+    said = _refused_by_study(capsys, "--summarise-only", "--out", str(cut))
+    assert "readings.jsonl line 2 is not a whole reading" in said
+    assert sorted(p.name for p in cut.iterdir()) == ["readings.jsonl"] and (cut / "readings.jsonl").read_text() == text
+
+
+def test_m6_fidelity_study_a_model_name_with_dot_dot_is_one_sentence(tmp_path, capsys):
+    """`--models 'jagg-s0/../x'` loaded the toy model, then ended in FileNotFoundError (a traceback) for the folder
+    the name led to. Now the name is refused as a run name before anything is loaded or written."""
+    fresh, work = tmp_path / "fresh", tmp_path / "work"
+    said = _refused_by_study(capsys, "--models", "base,jagg-s0/../x", "--out", str(fresh), "--work", str(work))
+    assert "'jagg-s0/../x' is not a run name" in said
+    assert not fresh.exists() and not work.exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from fault_helpers import PARAMS
+from fault_helpers import PARAMS, _one_sentence, _tracker
 from jagg_core.setup.params_io import load_params
 
 
@@ -158,3 +158,125 @@ def test_c7_a_stage_ends_only_runs_it_owns_and_reaps_runs_whose_owner_is_gone(ci
     assert tracker.client.get_run(other).info.status == "RUNNING" and tracker.claim(other)
     tracker.finish(other)
     assert tracker.client.get_run(other).info.status == "FINISHED"
+
+
+# --- ownership that can expire: an owner this machine cannot check, its heartbeat ----------------------------------
+
+
+ANOTHER_HOST = "a-container-that-restarted:4242:1700000000.00"
+
+
+def _held_run(root: Path, owner: str, heartbeat_age: float | None = None):
+    """jagg-s0's MLflow run in the real store under ``root``, RUNNING, its owner tag ``owner`` (and, given
+    ``heartbeat_age``, a heartbeat that many seconds old); returns (tracker, params, layout, run id)."""
+    import time
+
+    from jagg_core.pipeline.tracking import OWNER_TAG
+    from jagg_core.trainer.fingerprint import run_fingerprint
+
+    tracker, params, lay = _tracker(root)
+    run_id = tracker.child_run("default", "jagg-s0", method="jagg", seed=0,
+                               key=run_fingerprint(params, lay, "jagg", 0))
+    tags = {OWNER_TAG: owner}
+    if heartbeat_age is not None:
+        tags["jagg.heartbeat"] = f"{time.time() - heartbeat_age:.0f}"
+    tracker.set_tags(run_id, tags)
+    return tracker, params, lay, run_id
+
+
+@pytest.mark.parametrize("owner", ["garbage", ANOTHER_HOST])
+def test_m5_restart_takes_over_a_run_whose_owner_cannot_be_checked(ci_project, monkeypatch, caplog, owner):
+    """A RUNNING run whose owner tag this machine cannot check (garbage, or another host's, as after a container
+    restart) refused `jagg train` for good, `--restart` included ("is being trained by process garbage"). Now the
+    refusal says how to get out, and `--restart` takes the run over with one warning naming the old owner."""
+    import logging
+
+    from jagg_core.pipeline.tracking import OWNER_TAG, owner_id
+    from jagg_core.setup.storage import LockedError
+    from tasks.train import train_run
+
+    tracker, params, lay, run_id = _held_run(ci_project, owner)
+    with pytest.raises(LockedError) as refused:
+        train_run(params, lay, "jagg", 0)
+    said = _one_sentence(str(refused.value))
+    assert "cannot check" in said and "--restart" in said, said
+    assert "'garbage'" in said or "a-container-that-restarted:4242 " in said, said
+    assert tracker.client.get_run(run_id).info.status == "RUNNING"
+    monkeypatch.setenv("JAGG_FAULT", "run_created@0:oserror")  # stop right after the claim: no worker starts
+    with caplog.at_level(logging.WARNING), pytest.raises(OSError, match="injected"):
+        train_run(params, lay, "jagg", 0, restart=True)
+    taken = [r.getMessage() for r in caplog.records if "takes it over" in r.getMessage()]
+    assert len(taken) == 1 and run_id in taken[0] and owner.split(":")[0] in taken[0], taken
+    run = tracker.client.get_run(run_id)
+    assert run.data.tags[OWNER_TAG] == owner_id() and run.info.status == "FAILED"  # ours, ended by the injected error
+
+
+def test_m5_a_crashed_units_run_is_taken_over_after_two_missed_heartbeats_not_at_once(ci_project, monkeypatch, caplog):
+    """A pool-dispatched training submitted again after Prefect saw its flow run crash (`take_over`) took the MLflow
+    run over at once, even from an owner on a host cut off from Prefect but not from MLflow, still training. Now it
+    waits until the owner has missed two heartbeats: a beat meanwhile keeps the run its owner's (refused, one
+    sentence); none, and it takes the run over with one warning."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    import jagg_core.pipeline.tracking as tracking
+    from jagg_core.pipeline.tracking import CRASHED_OWNER_STALE_SECONDS, OWNER_TAG, owner_id
+    from jagg_core.setup.storage import LockedError
+    from tasks.train import train_run
+
+    tracker, params, lay, run_id = _held_run(ci_project, ANOTHER_HOST, heartbeat_age=30)
+    clock = SimpleNamespace(now=time.time(), slept=[], beat=None)
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        clock.slept.append(seconds)
+        if clock.beat is not None and len(clock.slept) == clock.beat:  # the owner beats while the unit waits
+            tracker.set_tags(run_id, {"jagg.heartbeat": f"{clock.now:.0f}"})
+
+    monkeypatch.setattr(tracking, "time", SimpleNamespace(time=lambda: clock.now, sleep=sleep))
+    clock.beat = 2
+    with pytest.raises(LockedError, match="a-container-that-restarted:4242"):
+        train_run(params, lay, "jagg", 0, take_over=True)
+    assert len(clock.slept) == 2 and tracker.client.get_run(run_id).data.tags[OWNER_TAG] == ANOTHER_HOST
+    clock.beat, clock.slept = None, []
+    started = clock.now
+    monkeypatch.setenv("JAGG_FAULT", "run_created@0:oserror")  # stop right after the claim: no worker starts
+    with caplog.at_level(logging.WARNING), pytest.raises(OSError, match="injected"):
+        train_run(params, lay, "jagg", 0, take_over=True)
+    last_beat = float(tracker.client.get_run(run_id).data.tags["jagg.heartbeat"])
+    assert clock.now - started >= CRASHED_OWNER_STALE_SECONDS - 30 and len(clock.slept) >= 2  # it waited, then took it
+    said = [r.getMessage() for r in caplog.records if "a-container-that-restarted:4242" in r.getMessage()]
+    assert len(said) == 1 and "whose flow run crashed" in said[0] and "taking it over" in said[0], said
+    run = tracker.client.get_run(run_id)
+    assert run.data.tags[OWNER_TAG] == owner_id() and run.info.status == "FAILED" and last_beat >= started
+
+
+def test_m5_an_owner_without_a_heartbeat_for_the_bound_is_stale(ci_project, monkeypatch, caplog):
+    """Another host's owner that has not renewed its heartbeat for longer than OWNER_STALE_SECONDS (10 min; here an
+    hour) is gone: `jagg train` (without --restart) marks its run KILLED and takes the run over, with one warning
+    naming the old owner; one whose heartbeat is a minute old is still refused. The owner renews its heartbeat while
+    it trains (Tracker.heartbeat)."""
+    import logging
+    import time
+
+    from jagg_core.pipeline.tracking import OWNER_TAG, owner_id
+    from jagg_core.setup.storage import LockedError
+    from tasks.train import train_run
+
+    tracker, params, lay, run_id = _held_run(ci_project, ANOTHER_HOST, heartbeat_age=60)  # a minute ago: alive
+    with pytest.raises(LockedError, match="a-container-that-restarted:4242"):
+        train_run(params, lay, "jagg", 0)
+    tracker.set_tags(run_id, {"jagg.heartbeat": f"{time.time() - 3600:.0f}"})  # an hour ago: gone
+    monkeypatch.setenv("JAGG_FAULT", "run_created@0:oserror")
+    with caplog.at_level(logging.WARNING), pytest.raises(OSError, match="injected"):
+        train_run(params, lay, "jagg", 0)
+    said = [r.getMessage() for r in caplog.records if "a-container-that-restarted:4242" in r.getMessage()]
+    assert len(said) == 1 and "no sign of life for 60 min" in said[0], said
+    run = tracker.client.get_run(run_id)
+    assert run.data.tags[OWNER_TAG] == owner_id() and run.info.status == "FAILED"
+    # a live owner's heartbeat: renewed while its block runs
+    tracker.set_tags(run_id, {"jagg.heartbeat": "0"})
+    with tracker.heartbeat(run_id, every=0.1):
+        time.sleep(1.0)
+    assert time.time() - float(tracker.client.get_run(run_id).data.tags["jagg.heartbeat"]) < 5

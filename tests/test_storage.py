@@ -77,3 +77,37 @@ def test_the_base_models_digest_is_its_content_not_its_file_times(tmp_path, monk
         os.utime(model / "a.safetensors", (1, 1))
         assert folder_digest(model, content_limit=limit) != before
         (model / "a.safetensors").write_bytes(b"a" * 100)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_m7_checkpoint_folders_have_the_permissions_of_their_files(tmp_path):
+    """A checkpoint's folder was 0700 (``mkdtemp``'s) while its files were 0644: another user allowed to read the files
+    could not open the folder. Now a folder gets what any folder the process makes gets (0755 under umask 022)."""
+    import stat
+
+    import torch
+
+    from jagg_core.trainer.checkpoint import save_checkpoint
+
+    ckpt = save_checkpoint(tmp_path / "ckpts", 1, trainable={"w": torch.zeros(2)}, optimizer=None,
+                           state={"run_key": "k"})
+    mask = _umask()
+    assert stat.S_IMODE(ckpt.path.stat().st_mode) == 0o777 & ~mask
+    assert {stat.S_IMODE(f.stat().st_mode) for f in ckpt.path.iterdir()} == {0o666 & ~mask}
+
+
+def test_m7_the_base_model_folder_has_the_permissions_of_its_files(ci_base):
+    """`jagg pretrain`'s models/<profile>/base was 0700 with 0644 files inside (as a checkpoint's)."""
+    import stat
+
+    base = ci_base / "models" / "ci" / "base"
+    mask = _umask()
+    assert stat.S_IMODE(base.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((base / "card.json").stat().st_mode) == 0o666 & ~mask

@@ -5,6 +5,7 @@ artifacts go beside it."""
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_module
-from fault_helpers import PARAMS, _MlflowServer, ci
+from fault_helpers import PARAMS, _MlflowServer, _tracker, ci
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.trainer import train
@@ -169,6 +170,28 @@ def test_c5_a_torn_line_in_the_offline_metrics_buffer_is_skipped_not_a_traceback
     history = tracker.client.get_metric_history(run_id, "reward/mean")
     assert [(m.step, m.value) for m in history] == [(1, 0.5)]
     assert any("line 2 is not a whole record" in r.getMessage() for r in caplog.records)
+
+
+def test_m7_a_damaged_pending_buffer_line_is_reported_once(tmp_path, caplog):
+    """The launcher's replay of a run's pending buffer read it twice (how many records wait, then sending them) and
+    printed "line 2 is not a whole record" twice for one cut line."""
+    import logging
+
+    from tasks.train import _replay_pending, pending_file
+
+    tracker, _, lay = _tracker(tmp_path)
+    run_id = tracker.child_run("default", "jagg-s0", method="jagg", seed=0, key="k")
+    buffer = pending_file(lay, "jagg-s0")
+    buffer.parent.mkdir(parents=True, exist_ok=True)
+    record = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
+    buffer.write_text(json.dumps(record) + "\n" + json.dumps(record)[:20] + "\n")
+    with caplog.at_level(logging.WARNING):
+        _replay_pending(tracker, run_id, lay, "jagg-s0", logging.getLogger("jagg.train"))
+    said = [r.getMessage() for r in caplog.records if "not a whole record" in r.getMessage()]
+    assert len(said) == 1, said
+    assert not buffer.exists()
+    assert [m.value for m in tracker.client.get_metric_history(run_id, "reward/mean")] == [0.5]
+    tracker.finish(run_id)
 
 
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------

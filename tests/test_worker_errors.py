@@ -7,10 +7,12 @@ import json
 import logging
 import os
 import subprocess
+import sys
 
 import pytest
 
 from conftest import REPO, run_module
+from fault_helpers import _one_sentence
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.setup.storage import PromptFileError
@@ -286,3 +288,39 @@ def test_c8_the_launcher_shows_the_workers_sentence_not_accelerates_traceback(ci
     shown = "\n".join(lines)
     assert "is an empty prompt" in shown, shown
     assert "Traceback" not in shown and "CalledProcessError" not in shown and "error class" not in shown, shown
+
+
+_ACCELERATE = """
+import os, signal, subprocess, sys
+# as accelerate's simple_launcher: its one worker (here, one that is SIGKILLed) run with check, the error re-raised
+cmd = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "--worker-context",
+       "/tmp/x/runs/ci/jagg-s0/.worker-context-1.json"]
+process = subprocess.Popen(cmd)
+process.wait()
+raise subprocess.CalledProcessError(returncode=process.returncode, cmd=cmd)
+"""
+
+
+def test_m7_a_sigkilled_worker_is_one_plain_sentence():
+    """A SIGKILLed worker's failure relayed accelerate's last line, "subprocess.CalledProcessError: Command '[…the
+    worker's whole command…]' died with <Signals.SIGKILL: 9>.". Now the sentence says which signal, what it usually
+    means and what a rerun does; it is still a death (retried), and the command line is not in it."""
+    from collections import deque
+
+    from tasks.train import WorkerDied, _failure
+
+    out = subprocess.run([sys.executable, "-c", _ACCELERATE], capture_output=True, text=True, timeout=60)
+    tail = deque(out.stderr.splitlines(), maxlen=30)
+    assert out.returncode == 1 and "CalledProcessError" in tail[-1], out.stderr  # what accelerate leaves
+    failure = _failure("jagg-s0", out.returncode, tail)
+    assert isinstance(failure, WorkerDied)
+    text = _one_sentence(str(failure))
+    assert "SIGKILL" in text and "out of memory" in text and "resumes from its last complete checkpoint" in text, text
+    assert "CalledProcessError" not in text and "worker-context" not in text and "Command" not in text, text
+    # torchrun's report of several processes, and a worker that exited with a status of its own
+    elastic = deque(["  exitcode  : -9 (pid: 4242)", "  error_file: <N/A>",
+                     "  traceback : Signal 9 (SIGKILL) received by PID 4242", "=" * 60])
+    assert "killed by SIGKILL" in str(_failure("jagg-s0", 1, elastic))
+    exited = deque(["subprocess.CalledProcessError: Command '['python', '-m', 'tasks.train']' returned non-zero exit "
+                    "status 3."])
+    assert "exited with status 3" in str(_failure("jagg-s0", 1, exited))
