@@ -157,6 +157,27 @@ def test_a_checkpoint_whose_manifest_does_not_prove_it_is_skipped_and_resume_fal
     assert latest_checkpoint(tmp_path / "ckpts").iteration == 1  # the previous one, never a traceback
 
 
+def test_m2_a_huge_sparse_manifest_is_refused_before_it_is_read(tmp_path):
+    """`manifest.json` was read whole and then cut at 16 MiB (a 2 GB sparse file cost 2.7 GB of memory). Now its
+    size is checked on the open file first: a 64 MiB sparse manifest costs no memory and is "unreadable"."""
+    import tracemalloc
+
+    from jagg_core.trainer.checkpoint import verify_checkpoint
+
+    ckpt = tmp_path / "checkpoint-000001"
+    ckpt.mkdir()
+    with open(ckpt / "manifest.json", "wb") as f:
+        f.truncate(64 << 20)  # sparse: no disk used
+    tracemalloc.start()
+    try:
+        why = verify_checkpoint(ckpt)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert why is not None and why.startswith("unreadable manifest") and "larger than" in why, why
+    assert peak < 4 << 20, peak
+
+
 # --- what is saved, and how it is loaded ---------------------------------------------------------------------------
 
 

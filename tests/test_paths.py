@@ -88,6 +88,50 @@ def test_c4_path_arguments_follow_one_rule(args, says, tmp_path):
     assert not Path("/tmp/jagg-r5-grid.png").exists()
 
 
+def _tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+BENCH_FAST = ["--no-mlflow", "--windows", "2", "--fracs", "1", "--repeats", "1", "--steps", "2", "--batch", "1",
+              "--no-memory", "--no-comm", "--threads", "1"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--out", "../b"], "--out '../b' leads outside the project"),
+    (["--write-docs", "../b.md"], "--write-docs '../b.md' leads outside the project"),
+    (["--write-docs", "docs"], "--write-docs 'docs' is not a regular file (a folder?)"),
+])
+def test_m1_bench_out_and_write_docs_follow_the_path_rule_before_the_benchmark(args, says, tmp_path):
+    """`bench --out ../b --write-docs ../b.md` wrote outside the project (exit 0); `--write-docs docs` (a folder) was
+    an IsADirectoryError after the whole benchmark. Now one sentence, exit 1, before the benchmark runs: nothing
+    written inside or outside the project."""
+    root = tmp_path / "project"
+    (root / "docs").mkdir(parents=True)
+    shutil.copy(PARAMS, root / "params.yaml")
+    before = _tree(tmp_path)
+    out = run_module("tasks.bench", *BENCH_FAST, *args, root=root, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert says in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert _tree(tmp_path) == before  # no bench/ results, no ../b, no ../b.md
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--out", "../s.json"], "--out '../s.json' leads outside the project"),
+    (["--write-docs", "../p.md"], "--write-docs '../p.md' leads outside the project"),
+])
+def test_m1_smoke_out_and_write_docs_follow_the_path_rule_before_the_run(args, says, tmp_path):
+    """`jagg smoke --out` and `--write-docs` took any path (the JSON and its markdown written anywhere after the
+    run); the same rule as every path argument now, before the run."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(PARAMS, root / "params.yaml")
+    before = _tree(tmp_path)
+    out = run_module("tasks.smoke", "--device", "cpu", "--iterations", "2", *args, root=root, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    assert says in _one_sentence(out.stderr.removeprefix("jagg: error: ")), out.stderr
+    assert _tree(tmp_path) == before
+
+
 # --- a profile's folders are its own -------------------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_module
-from fault_helpers import PARAMS, _MlflowServer, _tracker, ci
+from fault_helpers import PARAMS, _MlflowServer, _one_sentence, _tracker, ci
 from jagg_core.setup.params_io import load_params
 from jagg_core.setup.paths import Layout
 from jagg_core.trainer import train
@@ -194,6 +195,81 @@ def test_m7_a_damaged_pending_buffer_line_is_reported_once(tmp_path, caplog):
     tracker.finish(run_id)
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A Tracker on a SQLite store of its own (one per module: creating one costs seconds)."""
+    from jagg_core.pipeline.tracking import Tracker
+
+    root = tmp_path_factory.mktemp("r6-store")
+    params = load_params(PARAMS, "ci", {"tracking.mlflow_uri": f"sqlite:///{root}/mlflow.db"})
+    elsewhere = tmp_path_factory.mktemp("r6-working-folder")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(elsewhere)  # a stage started from another folder: MLflow's default would put ./mlruns here
+        tracker = Tracker(params, root)
+        tracker.experiment_id
+        yield tracker, root
+    assert not any(elsewhere.iterdir()), sorted(p.name for p in elsewhere.iterdir())
+
+
+def _buffer_with_image(store, name: str, file: str) -> tuple:
+    """A run and its pending buffer: an image record naming ``file``, then a metrics record."""
+    from jagg_core.pipeline.tracking import MlflowLogger
+
+    tracker, root = store
+    run_id = tracker.child_run(name, "jagg-s0", method="jagg", seed=0, key=name)
+    buffer = root / name / "mlflow-pending.jsonl"
+    (buffer.parent / "mlflow-pending-images").mkdir(parents=True)
+    image = {"kind": "image", "run_id": run_id, "key": "test/images", "step": 1, "file": file}
+    metrics = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
+    buffer.write_text(json.dumps(image) + "\n" + json.dumps(metrics) + "\n")
+    return MlflowLogger(tracker, run_id, buffer), run_id, buffer
+
+
+def _sent_metrics(tracker, run_id) -> list:
+    return [(m.step, m.value) for m in tracker.client.get_metric_history(run_id, "reward/mean")]
+
+
+def test_m2_a_buffered_image_whose_file_is_gone_is_skipped_and_the_records_after_it_are_sent(store, caplog):
+    """A pending image record whose file is gone (the images folder cleaned, a copy of the buffer alone) made every
+    later flush — every rerun of `train` — fail, stranding the records after it. Now it is skipped with one
+    warning, and the rest reach the store."""
+    logger, run_id, buffer = _buffer_with_image(store, "gone", "mlflow-pending-images/test_images-000001-1.png")
+    assert logger.flush() == 2
+    assert not buffer.exists() and _sent_metrics(store[0], run_id) == [(1, 0.5)]
+    said = [r.getMessage() for r in caplog.records if "test_images-000001-1.png" in r.getMessage()]
+    assert len(said) == 1 and "does not exist" in _one_sentence(said[0]), said
+
+
+def test_m2_a_buffered_image_file_that_is_not_an_image_is_one_warning(store, caplog):
+    """A pending image record whose file is not an image was a PIL traceback (UnidentifiedImageError) on every
+    flush. Now one warning naming it; the records after it are sent."""
+    logger, run_id, buffer = _buffer_with_image(store, "garbage", "mlflow-pending-images/x.png")
+    (buffer.parent / "mlflow-pending-images" / "x.png").write_bytes(b"not a png at all")
+    assert logger.flush() == 2
+    assert not buffer.exists() and _sent_metrics(store[0], run_id) == [(1, 0.5)]
+    said = [r.getMessage() for r in caplog.records if "x.png" in r.getMessage()]
+    assert len(said) == 1 and "is not an image" in _one_sentence(said[0]), said
+
+
+def test_m2_a_buffered_image_outside_its_folder_is_not_uploaded(store, caplog, tmp_path):
+    """A pending image record naming an absolute path outside the project (or `../` out of the buffer's images
+    folder) uploaded that file to the run. Now only the buffer's own images folder is read: the record is skipped
+    with a warning and nothing is uploaded."""
+    from PIL import Image
+
+    secret = tmp_path / "secret.png"
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(secret)
+    for name, file in (("abs", str(secret)), ("dotdot", f"mlflow-pending-images/../../{secret.name}")):
+        if name == "dotdot":
+            shutil.copy(secret, store[1] / secret.name)
+        logger, run_id, buffer = _buffer_with_image(store, name, file)
+        assert logger.flush() == 2
+        assert _sent_metrics(store[0], run_id) == [(1, 0.5)]
+        assert store[0].client.list_artifacts(run_id) == [], name  # no image of the run at all
+        said = [r.getMessage() for r in caplog.records if "outside its images folder" in r.getMessage()]
+        assert said and _one_sentence(said[-1]), said
+
+
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------
 
 
@@ -225,3 +301,14 @@ def test_several_processes_write_one_sqlite_store_without_losing_metrics(ci_proj
     client = Tracker(params, ci_project).client
     for run_id in ids:
         assert len(client.get_metric_history(run_id, "x")) == 30
+
+
+def test_m1_a_sqlite_stores_artifacts_go_beside_it_not_into_the_working_folder(store, tmp_path):
+    tracker, root = store
+    run_id = tracker.child_run("artifacts", "jagg-s0", method="jagg", seed=0, key="artifacts")
+    (tmp_path / "note.txt").write_text("kept")
+    tracker.log_artifact(run_id, tmp_path / "note.txt", "notes")
+    kept = list((root / "mlruns").rglob("note.txt"))
+    assert [p.read_text() for p in kept] == ["kept"] and kept[0].parent.name == "notes", kept
+    location = tracker.client.get_experiment(tracker.experiment_id).artifact_location
+    assert location == (root / "mlruns" / "jagg-ci").as_uri(), location

@@ -324,3 +324,51 @@ def test_m7_a_sigkilled_worker_is_one_plain_sentence():
     exited = deque(["subprocess.CalledProcessError: Command '['python', '-m', 'tasks.train']' returned non-zero exit "
                     "status 3."])
     assert "exited with status 3" in str(_failure("jagg-s0", 1, exited))
+
+
+def test_m1_the_workers_outcome_and_context_files_replace_a_planted_link(tmp_path):
+    """A symlink planted at `runs/ci/jagg-s9/.worker-context-*.json.outcome-<pid>` was opened O_CREAT|O_TRUNC and
+    its target overwritten with the worker's outcome; the context file (params, maybe credentials) was written the
+    same way. Both now go through the one writing function: the link is replaced, its target untouched, the file
+    is the owner's alone (0600)."""
+    from jagg_core.errors import UserError
+    from jagg_core.setup.paths import Layout
+    from tasks.launch import outcome_file, read_outcome, report_error_class, write_context
+
+    run_dir = tmp_path / "project" / "runs" / "ci" / "jagg-s9"
+    run_dir.mkdir(parents=True)
+    context = run_dir / ".worker-context-4242.json"
+    victims = {name: tmp_path / name for name in ("outcome-victim", "context-victim")}
+    for v in victims.values():
+        v.write_text("precious\n")
+    outcome_file(context).symlink_to(victims["outcome-victim"])
+    context.symlink_to(victims["context-victim"])
+
+    params = load_params(PARAMS, "ci")
+    write_context(context, params, Layout.of(params, tmp_path / "project"), "", "")
+    with pytest.raises(UserError):
+        with report_error_class(context):
+            raise UserError("the run's own error")
+    assert {k: v.read_text() for k, v in victims.items()} == {k: "precious\n" for k in victims}
+    for path in (context, outcome_file(context)):
+        assert not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600, path
+    assert json.loads(context.read_text())["root"] == str(tmp_path / "project")
+    assert read_outcome(context)["message"] == "the run's own error"
+
+
+@pytest.mark.timeout(30)
+def test_m2_a_fifo_at_the_workers_outcome_file_does_not_block_the_launcher(tmp_path):
+    """A FIFO at the outcome file's path blocked `train` for good after its last iteration (a plain `open`). Now it
+    is no outcome (as a death leaves none), read at once, and removed like any outcome file."""
+    import time
+
+    from tasks.launch import outcome_file, read_outcome
+
+    context = tmp_path / ".worker-context-4242.json"
+    os.mkfifo(outcome_file(context, pid=1))
+    (outcome_file(context, pid=2)).write_text(json.dumps({"kind": "worker", "class": "TypeError", "message": "m"}))
+    os.mkdir(outcome_file(context, pid=3))  # a folder there is no outcome either (and no traceback)
+    t0 = time.monotonic()
+    assert read_outcome(context) == {"kind": "worker", "class": "TypeError", "message": "m"}
+    assert time.monotonic() - t0 < 5
+    assert not outcome_file(context, pid=1).exists() and not outcome_file(context, pid=2).exists()
