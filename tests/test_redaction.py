@@ -14,7 +14,8 @@ from urllib.parse import quote
 import pytest
 
 from conftest import run_module
-from fault_helpers import PARAMS, _MlflowServer, _files_holding
+from fault_helpers import PARAMS, _MlflowServer, _files_holding, _one_sentence
+from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params
 
 
@@ -157,6 +158,108 @@ def _sqlite_cells_holding(db: Path, needles: list[str]) -> list[str]:
     return hits
 
 
+def test_m3_a_password_with_a_space_in_the_ui_url_is_not_echoed_in_the_validation_error():
+    """`--set 'tracking.ui_url=http://alice:Kv8Q z3Wm7Tx2@h:5000'` is no URL (a space), and the validation error
+    quoted it whole: the free-text pattern ends a password at a space. The value a field was given is one value:
+    its userinfo runs to its last '@', redacted whatever it holds."""
+    from jagg_core.setup.redact import redact
+
+    password = "Kv8Qz3 Wm7Tx2ab"
+    with pytest.raises(ParamsError) as e:
+        load_params(PARAMS, "ci", {"tracking.ui_url": f"http://alice:{password}@127.0.0.1:5000"})
+    shown = _one_sentence(redact(str(e.value)))
+    assert "tracking.ui_url" in shown and "alice:***@127.0.0.1:5000" in shown, shown
+    assert not any(p in shown for p in ["Kv8Qz3", "Wm7Tx2ab", password]), shown
+
+
+# --- secrets where they would name something: refused --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("experiment, extra", [
+    (f"jagg-{{profile}}-http://alice:{PASSWORD}@mlflow.example", {}),  # a URL's credentials in the name
+    (f"jagg-{{profile}}-{PASSWORD}", {"reward.options": {"served": {"url": "http://127.0.0.1:9/score",
+                                                                    "token": PASSWORD}}}),  # a secret param's value
+])
+def test_m3_a_password_in_the_experiment_name_never_reaches_mlflows_experiments_table(tmp_path, experiment, extra):
+    """`--set tracking.experiment=…<password>…` created an MLflow experiment of that name: the password in clear in
+    the experiments table of every store it was logged to. Now the name is refused with one sentence (a redacted
+    name would not be the one given, and two passwords would share it), before any store is opened."""
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.setup.redact import redact
+
+    db = tmp_path / "mlflow.db"
+    overrides = {"tracking.experiment": experiment, "tracking.mlflow_uri": f"sqlite:///{db}", **extra}
+    try:
+        params = load_params(PARAMS, "ci", overrides)
+    except ParamsError as e:
+        shown = _one_sentence(redact(str(e)))  # what `jagg …` prints
+        assert "tracking.experiment holds a secret" in shown, shown
+        assert not any(p in shown for p in _pieces(PASSWORD)), shown
+    else:
+        Tracker(params, tmp_path)  # opens (creates) the experiment, as every stage does
+    if db.exists():
+        assert _sqlite_cells_holding(db, _pieces(PASSWORD)) == [], "the password is in mlflow.db"
+    assert not db.exists(), "a store was opened for params that hold a secret in a name"
+
+
+def _prefect_env(root: Path) -> dict[str, str]:
+    return {"PREFECT_HOME": str(root / ".prefect"), "PREFECT_API_URL": ""}
+
+
+def test_m3_a_params_path_holding_a_urls_password_is_neither_printed_nor_stored_by_prefect(ci_project):
+    """`jagg run --params http://alice:<pw>@host/params.yaml`: the "does not exist" sentence printed the password (the
+    path's `//` became `/`, which the URL pattern did not take for a URL), and where such a path exists the flow run's
+    parameters in Prefect's database held it. Now a params path with a URL's credentials is refused in one redacted
+    sentence before Prefect starts; the pattern also takes a path's `scheme:/` for a URL."""
+    url = f"http://alice:{PASSWORD}@files.example/params.yaml"
+    missing = run_module("flows.run", "--profile", "ci", "--params", url, root=ci_project,
+                         env=_prefect_env(ci_project), timeout=600)
+    text = missing.stdout + missing.stderr
+    assert missing.returncode == 1, text[-3000:]
+    assert "alice:***@" in _one_sentence(missing.stderr.strip().splitlines()[-1]), text[-3000:]
+    # The same path as a file that exists (`http:/alice:<pw>@files.example/params.yaml` under the project). On main
+    # the flow started (Prefect stored the path) and failed at its first MLflow call (a store nothing listens on).
+    planted = ci_project / "http:" / f"alice:{PASSWORD}@files.example" / "params.yaml"
+    planted.parent.mkdir(parents=True)
+    shutil.copy(ci_project / "params.yaml", planted)
+    present = run_module("flows.run", "--profile", "ci", "--params", url, "--set", "run.methods=[jagg]",
+                         "--set", "tracking.mlflow_uri=http://127.0.0.1:9/", "--set", "tracking.retries=0",
+                         root=ci_project, env=_prefect_env(ci_project), timeout=900)
+    both = text + present.stdout + present.stderr
+    assert present.returncode == 1, both[-3000:]
+    for piece in _pieces(PASSWORD):
+        assert piece not in both, f"{piece!r} was printed"
+    db = ci_project / ".prefect" / "prefect.db"
+    if db.exists():
+        assert _sqlite_cells_holding(db, _pieces(PASSWORD)) == [], "Prefect's database holds the password"
+    from jagg_core.setup.redact import redact
+
+    assert redact(f"{Path(url)} does not exist") == "http:/alice:***@files.example/params.yaml does not exist"
+
+
+def test_m3_a_sweep_points_folder_covers_only_what_changes_results_and_hashes_no_secret():
+    """A sweep point's folder digest hashed every override: `resources.num_threads` or a rotated password beside
+    `train.iterations` retrained the whole sweep in a new folder, and a served reward's token (a secret) was hashed
+    into a folder name. Now tracking.* and resources.* are no part of it, secrets are hashed redacted, and a point
+    without either keeps the folder it had (so existing sweep points keep theirs)."""
+    from flows.reproduce import flow_params
+
+    point = {"train.iterations": 8, "jagg.window": 2}
+    plain = flow_params("ci", overrides=point).outputs
+    assert plain == "ci-91f2a6db"  # main's name for this point: unchanged
+    assert flow_params("ci", overrides={**point, "resources.num_threads": 1}).outputs == plain
+    assert flow_params("ci", overrides={**point, "tracking.retries": 1,
+                                        "tracking.mlflow_uri": f"http://bob:{PASSWORD}@127.0.0.1:9/"}).outputs == plain
+
+    def served(token: str, url: str = "http://127.0.0.1:9/score") -> str:
+        return flow_params("ci", overrides={**point, "reward.options": {"served": {"url": url, "token": token}}}).outputs
+
+    assert served("tokA-" + PASSWORD) == served("tokB-" + PASSWORD[::-1]) != plain  # the token: not hashed
+    assert served("t0k3n", f"http://alice:{PASSWORD}@127.0.0.1:9/score") == served(
+        "t0k3n", "http://alice:an0ther-pw@127.0.0.1:9/score")  # a URL's password: not hashed
+    assert served("t0k3n", "http://127.0.0.1:9/score") != served("t0k3n", "http://127.0.0.1:8/score")  # the host is
+
+
 # --- a run's files, output and stores hold no secret ---------------------------------------------------------------
 
 
@@ -234,3 +337,49 @@ def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_pat
         assert needle not in text, f"{needle!r} was printed"
     for folder in ("mlflow.db", "runs", "eval", "reports"):
         assert (root / folder).exists(), folder
+
+
+@pytest.mark.slow  # one `jagg run --profile ci` sweep point (a temporary Prefect server): ~2-3 min
+def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(ci_base, tmp_path):
+    """The password planted wherever mechanism 3 found it leaking: refused at once (the experiment's name, a params
+    path with a URL's credentials, a UI URL with a space in its password), then a whole `jagg run` sweep point with
+    it in the UI's URL (tracking.*), a served reward's URL and token (a section that changes results, so in the
+    point's digest) and a thread count beside them. No piece of it is in mlflow.db (the experiments table included),
+    Prefect's database (flow-run parameters, logs, events, artifacts), any file or folder name of the project, or
+    what was printed."""
+    root = tmp_path / "project"
+    shutil.copytree(ci_base, root)
+    env = _prefect_env(root)
+    printed = ""
+    for args in (["--set", f"tracking.experiment=jagg-{{profile}}-{PASSWORD}",
+                  "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000"],
+                 ["--params", f"http://alice:{PASSWORD}@files.example/params.yaml"],
+                 ["--set", f"tracking.ui_url=http://alice:{PASSWORD[:6]} {PASSWORD[6:]}@127.0.0.1:5000"]):
+        refused = run_module("flows.run", "--profile", "ci", *args, root=root, env=env, timeout=300)
+        printed += refused.stdout + refused.stderr
+        assert refused.returncode == 1, printed[-3000:]
+        _one_sentence(refused.stderr.strip().splitlines()[-1])
+    served = f"{{served: {{url: 'http://alice:{PASSWORD}@127.0.0.1:9/score', token: '{PASSWORD}'}}}}"
+    out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]", "--set", "train.iterations=1",
+                     "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000",
+                     "--set", f"reward.options={served}", "--set", "resources.num_threads=1",
+                     root=root, env=env, timeout=900)
+    printed += out.stdout + out.stderr
+    assert out.returncode == 0, printed[-4000:]
+    points = [p.name for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
+    assert len(points) == 1 and (root / "reports" / points[0] / "index.html").exists(), points  # it ran, as a point
+    needles = _pieces(PASSWORD)
+    mlflow_db, prefect_db = root / "mlflow.db", root / ".prefect" / "prefect.db"
+    assert mlflow_db.exists() and prefect_db.exists(), "a store was not written: the grep would prove nothing"
+    con = sqlite3.connect(f"file:{mlflow_db}?mode=ro", uri=True)
+    try:
+        assert "jagg-ci" in [r[0] for r in con.execute("select name from experiments")]  # (and MLflow's Default)
+        assert con.execute("select count(*) from params").fetchone()[0] > 0
+    finally:
+        con.close()
+    assert _sqlite_cells_holding(mlflow_db, needles) == []
+    assert _sqlite_cells_holding(prefect_db, needles) == []
+    for needle in needles:
+        assert _files_holding(root, needle.encode()) == [], f"{needle!r} reached the project's files"
+        assert not [p for p in root.rglob("*") if needle in p.name], f"{needle!r} names a file or folder"
+        assert needle not in printed, f"{needle!r} was printed"
