@@ -222,3 +222,32 @@ def test_pool_wait_s_is_a_setting_of_resources_with_a_default_of_an_hour():
     assert load_params(REPO / "params.yaml", "ci").resources.pool_wait_s == 3600
     with pytest.raises(ParamsError, match="pool_wait_s"):
         load_params(REPO / "params.yaml", "ci", {"resources.pool_wait_s": -1})
+
+
+# --- issue 61, mechanism 3 (its served part): credentials in a served url are refused, never sent as HTTP Basic -----
+
+@pytest.mark.parametrize("with_token", [False, True], ids=["url-only", "url-and-token"])
+def test_a_served_url_with_credentials_is_refused_pointing_to_token_and_nothing_is_sent(with_token):
+    """Before: httpx sent user:password as HTTP Basic (with a token beside it, the token was silently not sent) and a
+    server echoing its header got base64(user:password) into an error; now one sentence, before any request."""
+    import base64
+
+    password = "Pa55-w0rd-XYZ"
+    seen = []
+
+    def echo(handler):
+        seen.append(handler.headers.get("Authorization"))
+        return b'{"scores": [1, 2, 3, 4, 5, 6]}'
+
+    with garbage_server(echo) as srv:
+        url = f"http://alice:{password}@127.0.0.1:{srv.server_address[1]}/score"
+        with pytest.raises(ServedRewardError) as e:
+            _score(url, **({"token": "tok-Xq81-beside"} if with_token else {}))
+    text = str(e.value)
+    _one_sentence(text)
+    assert seen == [], seen  # nothing was sent
+    assert (f"reward.options.served.url 'http://127.0.0.1:{srv.server_address[1]}/score' holds credentials before its "
+            f"host, which would be sent as HTTP Basic: put the secret in reward.options.served.token") in text, text
+    basic = base64.b64encode(f"alice:{password}".encode()).decode()
+    for secret in (password, "alice", basic):
+        assert secret not in text

@@ -31,8 +31,9 @@ What the client does with an answer:
   gives a key twice, a number of more than 1,000 digits: each said as such), a wrong number of scores or a score that
   is not a finite number: one sentence, no retry (the server is broken, not unreachable).
 
-Every sentence names the server by its address with credentials and query removed; the token is never shown (it is
-remembered for redaction, :mod:`jagg_core.setup.redact`).
+Every sentence names the server by its address with its query removed; the token is never shown (it is remembered
+for redaction, :mod:`jagg_core.setup.redact`). A ``url`` with credentials (``user:password@``) is refused: they would
+be sent as HTTP Basic, not as the protocol's Bearer token.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     """A reward computed by the server at ``url`` (the protocol: this module's docstring, docs/rewards_served.md).
 
     Args:
-        url: the scoring endpoint, ``http://`` or ``https://`` (credentials in it are redacted wherever shown).
+        url: the scoring endpoint, ``http://`` or ``https://``, without credentials (``user:password@`` would be sent
+            as HTTP Basic: refused; the secret belongs in ``token``).
         token: sent as ``Authorization: Bearer <token>``; a secret (redacted from params, logs and errors).
         timeout_s: seconds one request may take, all of it: connecting, sending and reading the whole answer.
         batch_size: images per request of a pointwise reward (a groupwise request is one whole group).
@@ -138,6 +140,10 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     if not _http_address(url):
         raise ServedRewardError(f"reward.options.served.url must be an http:// or https:// address, got "
                                 f"{shown_address(url)!r}.")
+    if "@" in urlsplit(url).netloc:  # httpx would send them as HTTP Basic, beside or instead of the Bearer token
+        raise ServedRewardError(f"reward.options.served.url {shown_address(url)!r} holds credentials before its host, "
+                                f"which would be sent as HTTP Basic: put the secret in reward.options.served.token "
+                                f"(sent as a Bearer token) and the address alone in url.")
     if kind not in REWARD_KINDS:
         raise ServedRewardError(f"reward.options.served.kind must be one of {', '.join(REWARD_KINDS)}, got {kind!r}.")
     if not (timeout_s > 0 and batch_size >= 1 and retries >= 0 and backoff_s >= 0):
