@@ -21,18 +21,10 @@ MODULES = {"os", "io", "builtins", "codecs"}  # os.open, io.open, builtins.open,
 
 # (file, function) -> why that call may touch a file itself. At most 6 entries.
 ALLOWED = {
-    # owned by issue 60's change this session; to route next: the 2 gloo processes' result file in their own
-    # temporary folder (comm.json: written by rank 0, read back by the parent)
-    ("jagg_core/bench/comm.py", "_worker"): "owned by issue 60's change this session; to route next",
-    ("jagg_core/bench/comm.py", "measure_comm"): "owned by issue 60's change this session; to route next",
-    # owned by issue 60's change this session; to route next: /proc/self/status (a kernel file) read for VmHWM, and
-    # /proc/self/clear_refs written to reset it (a control file: an atomic replace cannot write it)
-    ("jagg_core/bench/memory.py", "_status_mb"): "owned by issue 60's change this session; to route next",
-    ("jagg_core/bench/memory.py", "_reset_peak_rss"): "owned by issue 60's change this session; to route next",
-    # owned by issue 60's change this session; to route next: /proc/cpuinfo for the CPU model of a benchmark's result
-    ("jagg_core/bench/run.py", "machine_info"): "owned by issue 60's change this session; to route next",
-    # owned by issue 60's change this session; to route next: the profile's params file hashed for a kept round
-    ("jagg_core/bench/run.py", "round_settings"): "owned by issue 60's change this session; to route next",
+    # /proc/self/clear_refs written with "5" to reset the process's peak RSS (VmHWM) before a memory probe: a kernel
+    # control file, written in place by definition (an atomic replace would create a new file beside it, which the
+    # kernel never reads), and no link can be planted in /proc/self
+    ("jagg_core/bench/memory.py", "_reset_peak_rss"): "a kernel control file: written in place, never replaced",
 }
 
 

@@ -21,10 +21,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
+from ..setup.storage import atomic_write_text, read_text
+
 import torch
 import torch.distributed as dist
 
-from .models import ModelSpec, bench_method, build_policy, fits, make_experience, run_update, update_groups, zero_grads
+from .models import (BenchError, ModelSpec, bench_method, build_policy, fits, make_experience, run_update, update_groups,
+                     zero_grads)
 from ..trainer.distributed import AllReduceSync, Fsdp2Sync, shard_transformer
 
 __all__ = ["CollectiveCounter", "measure_comm", "ALLREDUCE_VARIANTS", "FSDP_VARIANTS"]
@@ -143,7 +146,7 @@ def _worker(rank: int, job: dict, folder: str) -> None:
                       "fsdp_modules": len(modules), "fsdp_modules_resharding": resharding,
                       "all_gather_op": "torch.distributed.all_gather_single",
                       "allreduce": all_reduce, "fsdp2": fsdp}
-            (Path(folder) / "comm.json").write_text(json.dumps(result))
+            atomic_write_text(Path(folder) / "comm.json", json.dumps(result))
     finally:
         dist.destroy_process_group()
 
@@ -158,4 +161,4 @@ def measure_comm(spec: ModelSpec, *, windows: list[int], steps: int, batch: int,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by the spawned processes
     with tempfile.TemporaryDirectory(prefix="jagg-bench-comm-") as folder:
         mp.spawn(_worker, args=(job, folder), nprocs=2, join=True)
-        return json.loads((Path(folder) / "comm.json").read_text())
+        return json.loads(read_text(Path(folder) / "comm.json", BenchError))

@@ -20,6 +20,7 @@ from typing import Sequence
 
 import torch
 
+from ..setup.storage import read_text
 from .models import (BenchError, ModelSpec, bench_method, build_policy, make_experience, run_update, update_groups,
                      zero_grads)
 
@@ -30,7 +31,7 @@ MARK = "JAGG_BENCH_MEMORY "  # the probe's result line on stdout (libraries may 
 
 def _status_mb(field: str) -> float | None:
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in read_text("/proc/self/status", OSError).splitlines():
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024  # kB
     except OSError:

@@ -26,7 +26,7 @@ from .timing import (ROUND_PRIMITIVES, call_cost, call_cost_model, fidelity_by_a
 from .comm import measure_comm
 from .memory import measure_memory
 from .rounds import RoundStore
-from ..setup.storage import atomic_write_text
+from ..setup.storage import atomic_write_text, read_regular, read_text
 
 __all__ = ["BenchConfig", "run_bench", "save_result", "machine_info", "round_settings", "MEMORY_VARIANTS", "SCHEMA"]
 
@@ -89,7 +89,7 @@ def machine_info(device: torch.device) -> dict:
     """Enough to judge a number: CPU model, cores, threads, versions, load, GPU."""
     cpu = "unknown"
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in read_text("/proc/cpuinfo", OSError).splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
@@ -194,7 +194,7 @@ def round_settings(spec: ModelSpec, cfg: BenchConfig, machine: dict) -> dict:
     if spec.kind == "profile" and spec.params_path and Path(spec.params_path).is_file():
         import hashlib
 
-        model["params_sha256"] = hashlib.sha256(Path(spec.params_path).read_bytes()).hexdigest()
+        model["params_sha256"] = hashlib.sha256(read_regular(spec.params_path, BenchError)).hexdigest()
     timing = {k: v for k, v in asdict(cfg).items() if k not in ("repeats", "memory", "comm")}
     return {"timing": timing, "model": model,
             "machine": {k: v for k, v in machine.items() if not k.startswith("loadavg")}}
