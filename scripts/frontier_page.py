@@ -126,6 +126,10 @@ def rows_of(s: dict[str, Any], cos: dict[str, Any] | None, screen: dict[str, Any
             hi = min(c["hi"], 1.0) if not math.isnan(c["hi"]) else c["hi"]  # a cosine is at most 1
             row["cos"] = f"{c['mean']:.3f} {_iv(c['lo'], hi, 3).replace('+', '')} ({cos_methods[m]['units']} rollouts)"
             row["cos_mean"] = c["mean"]
+            expected = _nums(cos_methods[m].get("cos_mean"))
+            if expected is not None and abs(expected["mean"] - c["mean"]) > 1e-6:  # a random draw: not its mean's
+                row["stochastic"] = True
+                row["cos"] += f"; one draw's, its mean's {expected['mean']:.3f}"
         else:
             row["cos"] = "not measured"
         out.append(row)
@@ -517,8 +521,19 @@ def advice(rows: list[dict[str, Any]], margin: float) -> str:
                    f"−{margin:g}): {named(open_)}.")
     if not say:
         return "- No method other than the baseline was evaluated."
+    paid = [r for r in others if r.get("per_ks_paired") and r["per_ks_paired"]["lo"] > 0]
+    cost = [r for r in others if r.get("per_ks_paired") and r["per_ks_paired"]["hi"] < 0]
+    if paid or cost:
+        def per_s(rs: list[dict[str, Any]]) -> str:
+            return ", ".join(f"{r['method']} ({_mean_iv(r['per_ks_paired'])})" for r in rs)
+
+        say.append(f"- **Per second of training** (gain per 1000 s of whole iterations, paired with the baseline's): "
+                   + "; ".join(x for x in (f"shown to pay: {per_s(paid)}" if paid else "",
+                                            f"shown to cost: {per_s(cost)}" if cost else "") if x)
+                   + "; the others not shown either way.")
     # Does the cosine order the methods as the learning does? (The question a user with no toy can ask of their model.)
-    with_cos = [r for r in others if not math.isnan(_cos_mean(r))]
+    # a random-anchor estimator's one-draw cosine is not its expectation's: it is ordered apart (below)
+    with_cos = [r for r in others if not math.isnan(_cos_mean(r)) and not r.get("stochastic")]
     if len(with_cos) >= 3:
         rho = _spearman([_cos_mean(r) for r in with_cos], [r["gain"]["mean"] for r in with_cos])
         by_cos, by_gain = _order(with_cos, _cos_mean), _order(with_cos, lambda r: r["gain"]["mean"])
@@ -633,7 +648,10 @@ timed in interleaved rounds on one machine state, medians); the y axis the test 
 {table(rows, prim)}
 
 "Ideal" is the cost model's (forward 1, backward 2) from the forwards each method counted: 3·8 over the groups'
-summed cost, so two groups of 4 are 1.5×, K anchors 3W/(W + 2K), reuse W/K. "Verdict": the method against the exact
+summed cost, so two groups of 4 are 1.5×, K anchors 3W/(W + 2K), reuse W/K, a random anchor one anchor more. "Gain
+per 1000 s": the test gain over the seconds of the run's whole iterations (the report's seconds per iteration: the
+side-by-side stage's rollout and update plus the runs' other phases, one machine state for every method), with its
+seeds' interval, and its paired difference with the baseline's, seed by seed. "Verdict": the method against the exact
 baseline at a non-inferiority margin of {NONINFERIORITY_MARGIN:g} `{prim}` (jagg_core/pipeline/report_stats.py),
 from the paired seeds' interval: *non-inferior* when all of it lies above −{NONINFERIORITY_MARGIN:g}, *inferior* when
 all of it lies below, *not shown* otherwise. {cos_note}{checks_note(rows)}
