@@ -15,8 +15,9 @@ from typing import Any
 from prefect.context import FlowRunContext
 
 from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.paths import inside
 from jagg_core.setup.redact import redact_own
-from tasks.common import load
+from tasks.common import ROOT, load
 
 from .secrets import restore
 
@@ -46,6 +47,8 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
     if shared:
         raise ParamsError(f"override {shared[0]} would change the prompt set or the base model that a sweep point "
                           f"shares with its profile; add a profile to params.yaml for that.")
+    if params_file is not None:  # a flow run's parameter (a pool unit's may be forged): the path rule before any read
+        params_file = str(inside(ROOT, params_file, "params_file", kind="file"))
     params = load(profile, params_file, overrides)
     if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
         params = params.model_copy(update={"outputs": f"{params.profile}-{sweep_digest(overrides)}"})

@@ -141,8 +141,8 @@ def parse_yaml(text: str, source: str) -> Any:
     try:
         value = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        first = " ".join(str(e).split())[:200]
-        raise ParamsError(f"{source} is not valid YAML ({first}); fix the syntax or quote the value.") from None
+        raise ParamsError(f"{source} is not valid YAML ({_yaml_problem(e)}); fix the syntax or quote the "
+                          f"value.") from None
     except RecursionError:
         raise ParamsError(f"{source} nests too deeply to be params; flatten it.") from None
     except (ValueError, UnicodeDecodeError, OverflowError) as e:  # an int of 5000 digits, !!binary of non-UTF-8
@@ -151,6 +151,20 @@ def parse_yaml(text: str, source: str) -> Any:
                           f"write it as a plain number or string.") from None
     _bounded(value, source)
     return value
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """What is wrong and where (line, column), never the text of the line: PyYAML's own message quotes the line with a
+    caret under it, and a file that is no params file (a forged pool unit's ``params_file``, a `--params` typo) may be
+    anyone's secrets; the sentence goes to the console, Prefect's database and MLflow."""
+    if not isinstance(e, yaml.MarkedYAMLError):
+        return " ".join(str(e).split())[:200]  # ours (a key twice, a merge too large): no quoted line
+    parts = []
+    for what, mark in ((e.context, e.context_mark), (e.problem, e.problem_mark)):
+        if what:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            parts.append(" ".join(str(what).split())[:120] + where)
+    return "; ".join(parts) or type(e).__name__
 
 
 def _bounded(tree: Any, source: str) -> None:
