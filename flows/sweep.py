@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from prefect.context import FlowRunContext
 
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import inside
-from jagg_core.setup.redact import redact_own
+from jagg_core.setup.redact import mask, redact_own
 from tasks.common import ROOT, load
 
 from .secrets import restore
@@ -51,14 +51,23 @@ def flow_params(profile: str | None, params_file: str | None = None, overrides: 
         params_file = str(inside(ROOT, params_file, "params_file", kind="file"))
     params = load(profile, params_file, overrides)
     if any(not k.startswith(_NEUTRAL_SECTIONS) for k in overrides or {}):
-        params = params.model_copy(update={"outputs": f"{params.profile}-{sweep_digest(overrides)}"})
+        digest = sweep_digest(overrides, params.secret_options())
+        params = params.model_copy(update={"outputs": f"{params.profile}-{digest}"})
     return params
 
 
-def sweep_digest(overrides: dict[str, Any]) -> str:
+def sweep_digest(overrides: dict[str, Any], secret_options: Sequence[Sequence[str]] = ()) -> str:
     """The digest that names a sweep point's folders: of the overrides that change its results only. Those of
     ``tracking.*`` and ``resources.*`` are left out (a thread count or a rotated password keeps the point's folders
     and its trained runs), and the rest is hashed with its secrets redacted (a served reward's token, a URL's
-    password): no folder name is a function of a secret. A point without such overrides hashes as before."""
+    password, the options a plugin marks secret: ``secret_options``, their paths in params): no folder name is a
+    function of a secret. A point without such overrides hashes as before."""
     kept = {k: v for k, v in overrides.items() if not k.startswith(_NEUTRAL_SECTIONS)}
+    for key in kept:
+        at = tuple(key.split("."))  # `reward.options.mine.seed_phrase`, or a section holding it as a mapping
+        inner = [tuple(p[len(at):]) for p in secret_options if tuple(p[:len(at)]) == at]
+        if () in inner:
+            kept[key] = mask({"v": kept[key]}, [("v",)])["v"]
+        elif inner:
+            kept[key] = mask(kept[key], inner)
     return hashlib.sha256(json.dumps(redact_own(kept), sort_keys=True, default=str).encode()).hexdigest()[:8]

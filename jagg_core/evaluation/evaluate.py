@@ -160,9 +160,9 @@ def evaluate_step(
     out_dir.mkdir(parents=True, exist_ok=True)
     images_dir = out_dir / "images"
     # Everything the images depend on: the checkpoint, the base model's weights, the model options, the sampler and
-    # the prompts. Any change regenerates them.
+    # the prompts. Any change regenerates them. (The model options as masked: a plugin's secret options `***`.)
     generation = {"weights": _digest(weights), "base_model": base_model_digest(layout.base_model, params.model.path),
-                  "model": params.model.model_dump(mode="json"), "num_steps": ev.num_steps, "seed": ev.seed,
+                  "model": params.masked()["model"], "num_steps": ev.num_steps, "seed": ev.seed,
                   "jpeg": "q95-444",
                   "prompts": hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]}
     frames = clip_frames(params)  # a video backbone: the frames of each clip that are saved and scored (clips.py)

@@ -221,7 +221,7 @@ class Tracker:
             run_id = self._call(lambda: self.client.create_run(self.experiment_id, tags=all_tags).info.run_id,
                                 "create a run")
             with self.ending(run_id):  # a signal or an error before the caller holds the id: the run ends too
-                self.log_params(run_id, self.params.model_dump(mode="json"))
+                self.log_params(run_id, self.params.masked())  # a plugin's secret options `***`, the rest below
         elif extra_tags:
             self.set_tags(run_id, extra_tags)  # one call for them all
         return run_id

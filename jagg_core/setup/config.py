@@ -20,7 +20,7 @@ from ..modes import MODES, RANDOM_ANCHOR, VARIANTS
 from .names import MAX_NAME, NAME as _NAME, is_name as _is_name
 from .options import Count, Number, Section
 from .paths import inside
-from .redact import holds_secret, redact, remember
+from .redact import holds_secret, mask, redact, remember
 from .registry import PluginError, backbone_names, backbone_spec, load_plugins, reward_spec
 
 __all__ = [
@@ -526,7 +526,7 @@ class Params(Section):
     def _secrets_remembered(self) -> "Params":
         """Every secret of valid params is redacted from whatever this process writes or logs later, also where a
         library quotes it without its key or URL (:func:`jagg_core.setup.redact.remember`)."""
-        remember(self.model_dump(mode="json"))
+        remember(self.model_dump(mode="json"), self.marked_secrets())
         return self
 
     @model_validator(mode="after")
@@ -534,7 +534,7 @@ class Params(Section):
         """The experiment's name is shown to everyone who opens the store, in MLflow's experiments table: it holds no
         URL's credentials and no secret of these params. Refused, not redacted: a name with `***` would not be the
         one given, and two passwords would name one experiment."""
-        if holds_secret(self.tracking.experiment, self.model_dump(mode="json")):
+        if holds_secret(self.tracking.experiment, self.model_dump(mode="json"), self.marked_secrets()):
             raise ValueError("tracking.experiment holds a secret (a URL's credentials or the value of a secret param); "
                              "an experiment's name is shown to everyone who opens the MLflow store: name it without "
                              "the secret")
@@ -574,7 +574,32 @@ class Params(Section):
     def redacted(self) -> dict[str, Any]:
         """The params as JSON-ready dicts, every secret ``***``: what MLflow, ``params.json`` and every checkpoint's
         ``state.json`` hold, and what a resumed run's params are compared with."""
-        return redact(self.model_dump(mode="json"))
+        return redact(self.masked())
+
+    def secret_options(self) -> list[tuple[str, ...]]:
+        """The paths of the options set here that their plugin's spec marks secret (``secret=(...)``: a name the
+        redaction's word list does not know), e.g. ``("reward", "options", "mine", "seed_phrase")``."""
+        paths = [("model", "options", k) for k in backbone_spec(self.model.backbone).secret if k in self.model.options]
+        paths += [("reward", "options", name, k) for name, options in self.reward.options.items()
+                  for k in reward_spec(name).secret if k in options]
+        return paths
+
+    def marked_secrets(self) -> list[Any]:
+        """The values of :meth:`secret_options` (those set: not None or empty)."""
+        tree = self.model_dump(mode="json")
+        values = []
+        for path in self.secret_options():
+            node = tree
+            for k in path:
+                node = node[k]
+            if node not in (None, "", {}, []):
+                values.append(node)
+        return values
+
+    def masked(self) -> dict[str, Any]:
+        """The params as JSON-ready dicts with every option a plugin marks secret ``***`` (and nothing else changed):
+        what anything that hashes or writes options starts from (the fingerprint, a provenance, MLflow's params)."""
+        return mask(self.model_dump(mode="json"), self.secret_options())
 
     def method(self, name: str) -> "ResolvedMethod":
         """The jagg settings of one method: its overrides applied to the jagg section."""

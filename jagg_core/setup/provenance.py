@@ -25,7 +25,7 @@ def speed_made_from(params: Params, methods: Sequence[str]) -> dict[str, Any]:
     """What a side-by-side timing of ``methods`` measures, from params: the model, the batch (sample), the update's
     settings (train), each method as resolved, and where it runs (device, threads, precision); secrets redacted."""
     r = params.resources
-    tree = {"model": params.model.model_dump(mode="json"), "sample": params.sample.model_dump(mode="json"),
+    tree = {"model": params.masked()["model"], "sample": params.sample.model_dump(mode="json"),
             "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in _UNTIMED_TRAIN},
             "methods": {name: params.method(name).model_dump(mode="json") for name in methods},
             "resources": {"device": r.device, "num_threads": r.num_threads, "mixed_precision": r.mixed_precision}}

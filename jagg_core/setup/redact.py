@@ -4,14 +4,17 @@
 A key names a secret when one of its words is a secret word (``token``, ``password``, ``private_key``, ``auth``…);
 its value, and every other occurrence of that value in any string of the tree, becomes ``***``. Credentials inside
 URLs (``postgresql://admin:pw@host/db``) are redacted wherever they appear. Lists and dicts inside lists are walked.
+An option that a plugin's spec marks secret (``secret=("seed_phrase",)``, a name the word list cannot know) is
+redacted by its path (:func:`mask`, what ``Params.redacted()`` applies) and its value wherever else it occurs.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["flatten", "holds_secret", "redact", "redact_own", "redact_value", "remember", "REDACTED"]
+__all__ = ["flatten", "holds_secret", "mask", "redact", "redact_own", "redact_value", "remember", "REDACTED"]
 
 REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
@@ -90,12 +93,40 @@ def _forms(secret: str) -> set[str]:
     return {f for f in out if len(f) >= 4}
 
 
-def remember(tree: Any) -> None:
-    """Keep the secrets of ``tree`` (by key and in URLs) for every later :func:`redact` of this process, so a string
-    that quotes one without its key or URL (a log record, a library's error) is redacted too."""
-    for secret in _secret_values(tree, set()):
+def remember(tree: Any, also: Iterable[Any] = ()) -> None:
+    """Keep the secrets of ``tree`` (by key and in URLs), and the values ``also`` (secrets by a plugin's mark, under
+    any name: :func:`mask`), for every later :func:`redact` of this process, so a string that quotes one without its
+    key or URL (a log record, a library's error) is redacted too."""
+    for secret in _secret_values(tree, set()) | _scalars(also):
         if len(secret) >= 4:
             _known.update(_forms(secret))
+
+
+def _scalars(values: Iterable[Any]) -> set[str]:
+    """Every non-empty scalar in ``values`` (lists and dicts walked) as a string."""
+    out: set[str] = set()
+    for v in values:
+        if isinstance(v, dict):
+            out |= _scalars(v.values())
+        elif isinstance(v, (list, tuple)):
+            out |= _scalars(v)
+        elif isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v):
+            out.add(str(v))
+    return out
+
+
+def mask(tree: Any, paths: Iterable[Sequence[str]]) -> Any:
+    """A copy of ``tree`` with the value at each path (a sequence of keys: ``("reward", "options", "mine", "seed")``)
+    ``***``, wherever it is set (not None or empty): secrets that a plugin's spec marks by name (its ``secret``
+    options), which the word list of secret keys cannot know. A path not in ``tree`` is left alone."""
+    out = copy.deepcopy(tree)
+    for path in paths:
+        node = out
+        for k in path[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path and node.get(path[-1]) not in (None, "", {}, []):
+            node[path[-1]] = REDACTED
+    return out
 
 
 def redact(tree: Any) -> Any:
@@ -106,11 +137,11 @@ def redact(tree: Any) -> Any:
     return _redact(tree, secrets)
 
 
-def _own_secrets(tree: Any) -> list[str]:
-    """The secrets ``tree`` itself marks (by key and in URLs) and their quoted forms, longest first: not this
-    process's memory, so the answer depends on ``tree`` alone."""
+def _own_secrets(tree: Any, also: Iterable[Any] = ()) -> list[str]:
+    """The secrets ``tree`` itself marks (by key and in URLs), and ``also``, with their quoted forms, longest first:
+    not this process's memory, so the answer depends on the arguments alone."""
     forms: set[str] = set()
-    for secret in _secret_values(tree, set()):
+    for secret in _secret_values(tree, set()) | _scalars(also):
         if len(secret) >= 4:
             forms.update(_forms(secret))
     return sorted(forms, key=len, reverse=True)
@@ -141,11 +172,13 @@ def redact_value(tree: Any) -> Any:
     return tree
 
 
-def holds_secret(text: str, tree: Any = None) -> bool:
-    """Whether ``text`` (one value, e.g. a name) holds a URL's credentials or a secret of ``tree`` (its params)."""
+def holds_secret(text: str, tree: Any = None, also: Iterable[Any] = ()) -> bool:
+    """Whether ``text`` (one value, e.g. a name) holds a URL's credentials, a secret of ``tree`` (its params) or one
+    of the values ``also`` (secrets by a plugin's mark)."""
     if _VALUE_USERINFO.sub(_url_redacted, text) != text or _URL_CREDENTIALS.sub(_url_redacted, text) != text:
         return True
-    return any(secret in text for secret in _own_secrets(tree)) if tree is not None else False
+    also = list(also)
+    return any(secret in text for secret in _own_secrets(tree, also)) if tree is not None or also else False
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -79,6 +79,9 @@ class BackboneSpec:
     video: bool = False  # samples are clips (B, F, 3, H, W): frame-averaged image scores, frame strips
     world: bool = False  # the embedded toy world's model: prompts from the world, base model from `jagg pretrain`
     stand_in: Callable[[Path], Path] | None = None  # writes a tiny random model folder (tests)
+    # options whose values are secrets under names the redaction's word list does not know (a key, a passphrase):
+    # `***` in params.json, state.json, MLflow and every log; a fingerprint hashes them as `***`
+    secret: tuple[str, ...] = ()
     origin: str = ""  # the module or file that registered it (filled in by add())
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,6 +102,9 @@ class RewardSpec:
     # options that say how it is reached, not what it scores (a served reward's token, timeout): a run's fingerprint
     # leaves them out, so a rotated token resumes the run
     transport: tuple[str, ...] = ()
+    # options whose values are secrets under names the redaction's word list does not know (a key, a passphrase):
+    # `***` in params.json, state.json, MLflow and every log; a fingerprint hashes them as `***`
+    secret: tuple[str, ...] = ()
     origin: str = ""
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,6 +151,11 @@ def add(kind: Literal["backbone", "reward"], spec: BackboneSpec | RewardSpec) ->
         shown = repr(spec.name)[:80] if isinstance(spec.name, str) else type(spec.name).__name__
         raise PluginError(f"{kind} name {shown} of {origin} must match {name_rule(dots=True)} (it names metric keys, "
                           f"MLflow params and folders); give it such a name.")
+    secret = spec.secret
+    if not isinstance(secret, tuple) or not all(isinstance(k, str) and k in spec.options for k in secret):
+        # a typo would leave the secret in clear, silently: the names must be the spec's own options
+        raise PluginError(f"{kind} {spec.name!r} of {origin} marks secret {repr(secret)[:80]}, which is not a tuple "
+                          f"of its options ({', '.join(spec.options) or 'none'}); name its secret options in a tuple.")
     spec = type(spec)(**{**spec.__dict__, "origin": origin})
     taken = _SPECS[kind].get(spec.name)
     if taken is not None:

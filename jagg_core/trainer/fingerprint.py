@@ -29,14 +29,15 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
     ignored = set(IGNORED_TRAIN)
     if params.method(method).jagg_frac != "auto":  # the fidelity monitor only decides the routing under 'auto'
         ignored.add("fidelity_batch")
+    masked = params.masked()  # a plugin's secret options hashed as `***` (no digest of a secret); without: unchanged
     tree = {
-        "model": params.model.model_dump(mode="json"),
+        "model": masked["model"],
         "base_model": base_model_digest(layout.base_model, params.model.path),  # its weights, not its card
         "sample": params.sample.model_dump(mode="json"),
         "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
         "method": _method(params, method),
         # reward.frames at its default ("all") is left out: fingerprints from before the field existed still match.
-        "reward": _reward(params),
+        "reward": _reward(params, masked["reward"]),
         "prompts": _digest(layout.train_prompts),
         "seed": seed,
     }
@@ -53,11 +54,12 @@ def _method(params: Params, method: str) -> dict:
     return {k: v for k, v in tree.items() if k not in _NEW_METHOD_DEFAULTS or v != _NEW_METHOD_DEFAULTS[k]}
 
 
-def _reward(params: Params) -> dict:
-    """The reward section as it decides the scores: reward.frames at its default ("all") is left out (fingerprints
-    from before the field existed still match), and so is how the served reward reaches its server (its token,
-    timeout, batching, retries: its spec's ``transport``): a rotated token or a longer timeout resumes the run."""
-    tree = {k: v for k, v in params.reward.model_dump(mode="json").items() if (k, v) != ("frames", "all")}
+def _reward(params: Params, reward: dict) -> dict:
+    """The reward section (``reward``: as :meth:`Params.masked` dumps it) as it decides the scores: reward.frames at
+    its default ("all") is left out (fingerprints from before the field existed still match), and so is how the
+    served reward reaches its server (its token, timeout, batching, retries: its spec's ``transport``): a rotated
+    token or a longer timeout resumes the run, as a rotated secret option (hashed as ``***``) does."""
+    tree = {k: v for k, v in reward.items() if (k, v) != ("frames", "all")}
     for name, options in tree.get("options", {}).items():
         transport = reward_spec(name).transport
         if transport:
