@@ -28,6 +28,7 @@ from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 
 from jagg_core.errors import UserError
+from jagg_core.pipeline.tracking import check_sweep_name
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import run_name
 from tasks.common import ROOT, shown_redacted
@@ -74,6 +75,7 @@ def train_unit(profile: str, method: str, seed: int, shared: dict[str, str], swe
     worker that does not see the sweep's project folder and MLflow store (``shared``: the sweep's sentinel)."""
     me = _announce(f"train {run_name(method, seed)}")
     params = flow_params(profile, params_file, overrides)
+    check_sweep_name(sweep, params)  # a forged unit's name is checked as the sweep's own was, before any store
     check_shared(params, ROOT, sweep, shared)
     return {**train_task(params, method, seed, sweep, restart, take_over), **me}
 
@@ -85,6 +87,7 @@ def evaluate_unit(profile: str, run: str, shared: dict[str, str], sweep: str, ov
     """One evaluation (a trained run's checkpoints, or ``base``) of a pool-dispatched sweep."""
     me = _announce(f"evaluate {run}")
     params = flow_params(profile, params_file, overrides)
+    check_sweep_name(sweep, params)  # a forged unit's name is checked as the sweep's own was, before any store
     check_shared(params, ROOT, sweep, shared)
     evaluate_task(params, run, sweep)
     return {"run": run, **me}

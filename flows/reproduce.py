@@ -52,7 +52,7 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
     if parallel_runs < 1:
         raise ParamsError(f"parallel_runs {parallel_runs} must be at least 1.")
     params = flow_params(profile, params_file, overrides)
-    sweep = sweep_name(sweep)
+    sweep = sweep_name(sweep, params)
     if params.outputs:
         print(f"sweep point {params.outputs}: {json.dumps(redact(overrides), sort_keys=True, default=str)}")
     prepare_task(params)
@@ -96,7 +96,7 @@ def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None,
                   sweep: str | None = None) -> dict:
     """Evaluate the base model and every run's checkpoints, then rebuild the report."""
     params = flow_params(profile, params_file, overrides)
-    sweep = sweep_name(sweep)
+    sweep = sweep_name(sweep, params)
     evaluate_task(params, "base", sweep)
     for s in params.run.seeds:
         for m in params.run.methods:
@@ -109,4 +109,5 @@ def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None,
 def report_only(profile: str = "toy", overrides: dict[str, Any] | None = None, params_file: str | None = None,
                 sweep: str | None = None) -> dict:
     """Rebuild the report from what is on disk."""
-    return report_task(flow_params(profile, params_file, overrides), sweep_name(sweep))
+    params = flow_params(profile, params_file, overrides)
+    return report_task(params, sweep_name(sweep, params))

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from prefect.context import FlowRunContext
 
+from jagg_core.pipeline.tracking import check_sweep_name
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import inside
 from jagg_core.setup.redact import mask, redact_own
@@ -29,10 +30,12 @@ _SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "output
 _NEUTRAL_SECTIONS = ("tracking.", "resources.")
 
 
-def sweep_name(sweep: str | None) -> str:
-    """The MLflow parent run of this flow run's runs: the given name, else the flow run's id."""
+def sweep_name(sweep: str | None, params: Params) -> str:
+    """The MLflow parent run of this flow run's runs: the given name, checked at the flow's door before anything is
+    stored under it (MLflow, the units' Prefect tags: ``check_sweep_name``, no secret of ``params`` and MLflow's
+    characters), else the flow run's id."""
     if sweep:
-        return sweep
+        return check_sweep_name(sweep, params)
     ctx = FlowRunContext.get()
     return str(ctx.flow_run.id) if ctx and ctx.flow_run else "default"
 

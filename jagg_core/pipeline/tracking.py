@@ -32,8 +32,12 @@ _MAX_BUFFERED_IMAGE = 64 << 20  # a logged image (a grid of a few test images) a
 _SWEEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 
 
-def check_sweep_name(sweep: str) -> str:
-    """A sweep name MLflow takes as a run name and a tag in a search query (no quote, no newline, at most 100)."""
+def check_sweep_name(sweep: str, params: Params | None = None) -> str:
+    """A sweep name MLflow takes as a run name and a tag in a search query (no quote, no newline, at most 100), and,
+    with ``params``, that holds none of their secrets (:meth:`Params.check_sweep`): the one rule for a sweep's name,
+    which every door a name comes in by applies (a stage's ``--sweep``, a flow's ``sweep``, a pool unit's)."""
+    if params is not None:
+        params.check_sweep(sweep)  # first: the format's sentence below quotes the name
     if not isinstance(sweep, str) or not _SWEEP.fullmatch(sweep):
         raise TrackingError(f"sweep name {str(sweep)[:80]!r} must be 1 to 100 letters, digits, '_', '.', ':' or '-' "
                             f"(it names an MLflow run and is searched for); pass another --sweep.")
@@ -188,7 +192,7 @@ class Tracker:
 
     def sweep_run(self, sweep: str) -> str:
         """The parent run of a sweep (created on first use)."""
-        check_sweep_name(sweep)
+        check_sweep_name(sweep, self.params)
         tags = {"jagg.kind": "sweep", "jagg.sweep": sweep, "jagg.profile": self.params.profile}
         run_id = self._find(tags)
         if run_id is None:

@@ -601,6 +601,16 @@ class Params(Section):
         what anything that hashes or writes options starts from (the fingerprint, a provenance, MLflow's params)."""
         return mask(self.model_dump(mode="json"), self.secret_options())
 
+    def check_sweep(self, sweep: str) -> str:
+        """``sweep``, a sweep's name, refused in one sentence if it holds a URL's credentials or a secret of these
+        params: it names the sweep's MLflow run (``runs.name``, the tags ``jagg.sweep`` and ``mlflow.runName``), a tag
+        of every unit it sends to the work pool and its token file. Refused, not redacted, as the experiment's name."""
+        if isinstance(sweep, str) and holds_secret(sweep, self.model_dump(mode="json"), self.marked_secrets()):
+            raise ParamsError("the sweep name holds a secret (a URL's credentials or the value of a secret param); a "
+                              "sweep's name is shown to everyone who opens the MLflow store or Prefect's UI: pass "
+                              "another --sweep, without the secret.")
+        return sweep
+
     def method(self, name: str) -> "ResolvedMethod":
         """The jagg settings of one method: its overrides applied to the jagg section."""
         if name not in self.methods:
