@@ -21,6 +21,8 @@ from pathlib import Path
 
 from .common import ROOT, ServiceError, cli, load
 from jagg_core.pipeline.tracking import resolve_uri
+from jagg_core.setup.names import is_name, name_rule
+from jagg_core.setup.redact import redact
 from jagg_core.setup.storage import atomic_write_text, open_append, read_regular
 from .launch import Interrupted
 
@@ -102,8 +104,9 @@ def _wait_http(url: str, timeout: float, what: str) -> None:
     raise ServiceError(f"{what} did not answer at {url} within {timeout:.0f} s; see {STATE}/*.log.")
 
 
-def _heartbeat(api: str, pool: str, name: str) -> str | None:
-    """The last heartbeat the Prefect server holds of worker ``name`` of ``pool``; None if it never saw one."""
+def _registered(api: str, pool: str, name: str) -> dict[str, Any] | None:
+    """The Prefect server's record of worker ``name`` of ``pool`` (its ``last_heartbeat_time``, its ``status``:
+    ONLINE until three heartbeat intervals have passed without one); None if it never saw one."""
     import urllib.error
     import urllib.parse
 
@@ -113,7 +116,26 @@ def _heartbeat(api: str, pool: str, name: str) -> str | None:
         if e.code == 404:  # no such pool yet: a worker creates its pool as it starts
             return None
         raise
-    return next((w.get("last_heartbeat_time") for w in workers if w.get("name") == name), None)
+    return next((w for w in workers or [] if isinstance(w, dict) and w.get("name") == name), None)
+
+
+def _heartbeat(api: str, pool: str, name: str) -> str | None:
+    """The last heartbeat the Prefect server holds of worker ``name`` of ``pool``; None if it never saw one."""
+    return (_registered(api, pool, name) or {}).get("last_heartbeat_time")
+
+
+def _worker_name(name: str | None) -> str:
+    """``--name`` held to the project's name rule (:mod:`jagg_core.setup.names`, single inner dots allowed: a host's
+    name), before anything starts: the name becomes the worker's log file, ``.services/worker-<name>.log`` (``a/b``
+    was an ``Errno 2``, 500 characters an ``OSError`` traceback). Without ``--name``, this host's name, lowercased."""
+    given = name is not None
+    name = name if given else socket.gethostname().lower()
+    if is_name(name, dots=True):
+        return name
+    shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}… ({len(name)} characters)"
+    what = f"the worker name {shown}" if given else f"this host's name {shown}, the worker's default name,"
+    raise ServiceError(f"{what} is not a name by the project's rule ({name_rule(dots=True)}): give --name one, "
+                       f"such as gpu-1.")
 
 
 def _wait_worker(api: str, pool: str, name: str, pid: int, log: str, before: str | None) -> None:
@@ -159,10 +181,28 @@ def _started(pid: int) -> float | None:
         return None
 
 
+def _cmdline(pid: int) -> list[str] | None:
+    """Process ``pid``'s command line as the system shows it (psutil), None if there is no such process or it cannot
+    be read (a zombie, another user's). Read just after the spawn, it may still be empty for a few milliseconds (the
+    kernel fills it in as the new program is loaded): it is read again, for at most a second."""
+    import psutil
+
+    for _ in range(50):
+        try:
+            cmd = psutil.Process(pid).cmdline()
+        except (psutil.Error, ValueError, OverflowError):
+            return None
+        if cmd:
+            return cmd
+        time.sleep(0.02)
+    return None
+
+
 def _record(pid: int) -> dict[str, Any]:
-    """What pids.json keeps of a service: its pid and its process's start time, which tells it from a process that
-    took the pid over after a crash or a reboot."""
-    return {"pid": pid, "started": _started(pid)}
+    """What pids.json keeps of a service: its pid, its process's start time, which tells it from a process that took
+    the pid over after a crash or a reboot, and its command line as it started (written right after the spawn),
+    which tells it from a process whose pid and start time a pids.json names without having started it."""
+    return {"pid": pid, "started": _started(pid), "cmd": _cmdline(pid)}
 
 
 def _host_file() -> Path:
@@ -197,10 +237,32 @@ def _records(f: Path | None = None) -> dict[str, dict[str, Any]]:
             if isinstance(v, dict) and type(v.get("pid")) is int and v["pid"] > 0}
 
 
-def _ours(rec: dict[str, Any]) -> bool:
+def _verdict(rec: dict[str, Any]) -> str:
+    """``ours`` (the process pids.json names: its start time and its command line are the ones recorded), ``gone``
+    (no such process), ``stale`` (the pid names a process started at another time, or the record has no start time)
+    or ``foreign`` (pid and start time match, but its command line is not the one jagg started, or none was
+    recorded: not ours to signal)."""
     started = _started(rec["pid"])
-    return (started is not None and isinstance(rec.get("started"), (int, float))
-            and abs(started - rec["started"]) < 0.05)
+    if started is None:
+        return "gone"
+    if not (isinstance(rec.get("started"), (int, float)) and abs(started - rec["started"]) < 0.05):
+        return "stale"
+    cmd = rec.get("cmd")
+    return "ours" if isinstance(cmd, list) and cmd and _cmdline(rec["pid"]) == cmd else "foreign"
+
+
+def _ours(rec: dict[str, Any]) -> bool:
+    return _verdict(rec) == "ours"
+
+
+def _foreign_line(name: str, rec: dict[str, Any]) -> str:
+    """One line for a record whose process runs another command line than the one recorded: not signalled."""
+    def shown(cmd: Any) -> str:
+        text = " ".join(map(str, cmd)) if isinstance(cmd, list) and cmd else "none recorded"
+        return redact(text if len(text) <= 80 else f"{text[:80]}…")
+
+    return (f"jagg: {name}: pid {rec['pid']} left alone: it runs `{shown(_cmdline(rec['pid']))}`, not the command "
+            f"line jagg started ({shown(rec.get('cmd'))}); stop it yourself if it is a service")
 
 
 def _alive(pid: int) -> bool:
@@ -253,6 +315,8 @@ def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_
        crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None) -> dict[str, str]:
     """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI); interrupted
     (SIGTERM, Ctrl-C) or failing half-way, it stops what it started."""
+    if worker_name is not None:
+        _worker_name(worker_name)
     if any(_alive(p) for p in _pids().values()):
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
     try:
@@ -271,14 +335,23 @@ def _worker_cmd(pool: str, name: str | None, queues: list[str] | None = None, li
 
 def worker(api: str, pool: str, name: str | None, queues: list[str] | None = None, limit: int | None = None) -> str:
     """Start one more worker of ``pool`` on this host, serving the server at ``api`` (`jagg services worker`: a
-    host of a pool-dispatched sweep, docs/scaling.md); returns its name."""
-    name = name or socket.gethostname()
+    host of a pool-dispatched sweep, docs/scaling.md); returns its name. A name that breaks the name rule, or that
+    a live worker of the pool already has (another host's: two would become one Prefect worker sharing one log), is
+    one sentence, and nothing is started."""
+    name = _worker_name(name)
     _wait_http(f"{api}/health", 30, "the Prefect server")
     pids = _pids(_host_file())
     key = f"worker-{name}"
     if key in pids and _alive(pids[key]):
         raise ServiceError(f"worker {name!r} already runs here (pid {pids[key]}); give another --name.")
-    before = _heartbeat(api, pool, name)
+    other = _registered(api, pool, name)
+    if other and other.get("status") == "ONLINE":
+        every = other.get("heartbeat_interval_seconds") or 30
+        raise ServiceError(f"a worker named {name!r} of pool {pool!r} is online at {api} (last heartbeat "
+                           f"{other.get('last_heartbeat_time')}), on another host or started apart from `jagg "
+                           f"services`: two workers of one name become one Prefect worker sharing one log, so give "
+                           f"another --name (a worker that stopped is offline {3 * every} s after its last heartbeat).")
+    before = (other or {}).get("last_heartbeat_time")
     pids[key] = _spawn(key, _worker_cmd(pool, name, queues, limit), _env(api))
     _write_pids(pids, _host_file())
     _wait_worker(api, pool, name, pids[key], f"{key}.log", before)
@@ -327,8 +400,16 @@ def _pids_host() -> str | None:
     return host if isinstance(host, str) else None
 
 
+def _report_foreign(f: Path | None = None) -> None:
+    for name, rec in _records(f).items():
+        if _verdict(rec) == "foreign":
+            print(_foreign_line(name, rec))
+
+
 def down() -> None:
-    """Stop this host's workers (`jagg services worker`'s too), then the MLflow UI and the server."""
+    """Stop this host's workers (`jagg services worker`'s too), then the MLflow UI and the server: only processes
+    whose pid, start time and command line are the ones pids.json recorded; any other is left alone, in one line."""
+    _report_foreign(_host_file())
     for pid in _pids(_host_file()).values():
         if _alive(pid):
             _stop(pid)
@@ -338,6 +419,7 @@ def down() -> None:
         print(f"jagg: the Prefect and MLflow servers of this project run on {head}; `jagg services down` there "
               f"stops them")
         return
+    _report_foreign()
     pids = _pids()
     for name in ("worker", "mlflow", "server"):  # the worker before its server
         pid = pids.get(name)
@@ -400,9 +482,11 @@ def main(argv: list[str] | None = None) -> int:
         down()
     elif args.action == "status":
         for name, rec in {**_records(), **_records(_host_file())}.items():
-            state = ("running" if _alive(rec["pid"]) else "stopped") if _ours(rec) else (
-                "stopped (pids.json is stale: the pid now names another process)" if _started(rec["pid"]) else
-                "stopped")
+            verdict = _verdict(rec)
+            state = {"ours": "running" if _alive(rec["pid"]) else "stopped", "gone": "stopped",
+                     "stale": "stopped (pids.json is stale: the pid now names another process)",
+                     "foreign": "stopped (the pid names a process whose command line is not the one jagg started)",
+                     }[verdict]
             print(f"{name}: pid {rec['pid']} {state}")
     else:  # ui: the MLflow UI in the foreground on the project's store
         return ui(args.host, args.mlflow_port)

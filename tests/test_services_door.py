@@ -1,0 +1,187 @@
+"""`jagg services` at its doors (issue 61, mechanism 6): it signals only what it started, and a worker gets a name it
+can keep — the project's name rule, and none that a live worker of the pool already has.
+
+Real processes (`sleep`) stand for the services; a stub HTTP server on 127.0.0.1 answers the two calls `jagg services
+worker` makes of the Prefect server before it starts a worker (its health, the pool's workers); the worker's spawn is
+a spy, so no test starts Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import psutil
+import pytest
+
+import tasks.services as services
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    monkeypatch.setattr(services, "STATE", tmp_path)
+    monkeypatch.setattr(services, "_interruptible", lambda: None)  # main() would take the test process's signals
+    return tmp_path
+
+
+@pytest.fixture
+def sleeper():
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        procs.append(subprocess.Popen(["sleep", "60"], start_new_session=True))
+        return procs[-1]
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_down_leaves_a_process_whose_command_line_is_not_the_one_it_started(state, sleeper, capsys):
+    """Before: pids.json naming a stranger's pid and start time (a record of `prefect server start`, or one without a
+    command line) made `jagg services down` kill the stranger. After: its command line is compared with the one
+    recorded as the service started; a mismatch is left alone and said in one line."""
+    stranger = sleeper()
+    started = psutil.Process(stranger.pid).create_time()
+    server = [str(services.BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", "4200"]
+    for record in ({"pid": stranger.pid, "started": started, "cmd": server},
+                   {"pid": stranger.pid, "started": started}):  # no command line recorded: not provably ours
+        (state / "pids.json").write_text(json.dumps({"server": record, "host": socket.gethostname()}))
+        capsys.readouterr()
+        assert services.main(["status"]) == 0
+        status = capsys.readouterr().out
+        assert "running" not in status and "command line is not the one jagg started" in status, status
+        services.down()
+        assert stranger.poll() is None, "down signalled a process it did not start"
+        said = capsys.readouterr().out.strip().splitlines()
+        assert len(said) == 1 and said[0].startswith(f"jagg: server: pid {stranger.pid} left alone: it runs "
+                                                     f"`sleep 60`, not the command line jagg started"), said
+    # a service it started (its command line recorded as it started) is stopped, on the head and on a worker host
+    ours, worker = sleeper(), sleeper()
+    services._write_pids({"server": ours.pid})
+    services._write_pids({"worker-gpu-1": worker.pid}, services._host_file())
+    assert json.loads((state / "pids.json").read_text())["server"]["cmd"] == ["sleep", "60"]
+    services.main(["status"])
+    assert capsys.readouterr().out.count("running") == 2
+    services.down()
+    assert ours.wait(timeout=20) is not None and worker.wait(timeout=20) is not None
+    assert capsys.readouterr().out == ""
+
+
+class _Prefect:
+    """A stub of the Prefect server's two answers `jagg services worker` reads before it starts a worker."""
+
+    def __init__(self, workers: list[dict]):
+        self.workers = workers
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # noqa: ANN002
+                pass
+
+            def _answer(self, body: object) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                self._answer(True) if self.path == "/api/health" else self.send_error(404)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path == "/api/work_pools/jagg/workers/filter":
+                    self._answer(stub.workers)
+                else:
+                    self.send_error(404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.api = f"http://127.0.0.1:{self.server.server_address[1]}/api"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def prefect():
+    stubs: list[_Prefect] = []
+
+    def start(workers: list[dict]) -> _Prefect:
+        stubs.append(_Prefect(workers))
+        return stubs[-1]
+
+    yield start
+    for s in stubs:
+        s.close()
+
+
+@pytest.fixture
+def spawned(monkeypatch, sleeper):
+    """The services' spawns, recorded; each starts a `sleep` in place of Prefect or MLflow."""
+    calls: list[str] = []
+
+    def spawn(name: str, cmd: list[str], env: dict) -> int:
+        calls.append(name)
+        return sleeper().pid
+
+    monkeypatch.setattr(services, "_spawn", spawn)
+    monkeypatch.setattr(services, "_wait_worker", lambda *a: None)
+    return calls
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+def test_a_worker_name_off_the_name_rule_is_one_sentence_and_starts_nothing(state, prefect, spawned, capsys,
+                                                                             monkeypatch):
+    """Before: `--name a/b` was an `Errno 2` (its log .services/worker-a/b.log), 500 characters an `OSError`
+    traceback (a file name too long). After: the project's name rule (jagg_core/setup/names.py) at the door, one
+    sentence, exit 1, nothing started — for `jagg services worker` and `jagg services up`."""
+    stub = prefect([])
+    wait = services._wait_http  # (`up` before the fix: its server, a `sleep`, never answers; give up at once)
+    monkeypatch.setattr(services, "_wait_http", lambda url, timeout, what: wait(url, 1, what))
+    for name in ("a/b", "x" * 500, "..", "Gpu 1", "-gpu"):
+        assert services.main(["worker", "--api", stub.api, f"--name={name}"]) == 1
+        said = _error(capsys)
+        assert said.startswith("jagg: error: the worker name ") and "is not a name by the project's rule" in said
+        assert len(said) < 300, said
+        assert services.main(["up", f"--name={name}", "--mlflow-port", "0", "--prefect-port", "1"]) == 1
+        assert "is not a name by the project's rule" in _error(capsys)
+    assert spawned == [] and not (state / "pids.json").exists()
+    # a host's name is the default: lowercased, it may hold dots; one off the rule asks for --name
+    monkeypatch.setattr(services.socket, "gethostname", lambda: "Node_3.Lab")
+    assert services._worker_name(None) == "node_3.lab" and services._worker_name("gpu-1.cluster") == "gpu-1.cluster"
+    monkeypatch.setattr(services.socket, "gethostname", lambda: "my laptop")
+    with pytest.raises(services.ServiceError, match=r"^this host's name 'my laptop', the worker's default name, is "
+                                                      r"not a name by the project's rule .*: give --name one"):
+        services._worker_name(None)
+
+
+def test_a_worker_name_a_live_worker_of_the_pool_has_is_refused_naming_it(state, prefect, spawned, capsys):
+    """Before: a second host starting `jagg services worker --name gpu-1` while gpu-1 ran elsewhere became the same
+    Prefect worker, sharing its log. After: a worker of that name the pool's server calls ONLINE is refused in one
+    sentence naming it, nothing started; an OFFLINE one (stopped) is replaced."""
+    beat = "2026-12-05T19:31:01.987684Z"
+    stub = prefect([{"name": "gpu-2", "status": "ONLINE", "last_heartbeat_time": beat},
+                    {"name": "gpu-1", "status": "ONLINE", "last_heartbeat_time": beat, "heartbeat_interval_seconds": 30}])
+    assert services.main(["worker", "--api", stub.api, "--name", "gpu-1", "--queue", "units"]) == 1
+    said = _error(capsys)
+    assert said.startswith(f"jagg: error: a worker named 'gpu-1' of pool 'jagg' is online at {stub.api} (last "
+                           f"heartbeat {beat})") and "give another --name" in said and "offline 90 s after" in said
+    assert spawned == [] and not services._host_file().exists()
+    stub.workers[1]["status"] = "OFFLINE"
+    assert services.main(["worker", "--api", stub.api, "--name", "gpu-1", "--queue", "units"]) == 0
+    assert spawned == ["worker-gpu-1"]
+    assert f"worker 'gpu-1' serves pool 'jagg' of {stub.api}" in capsys.readouterr().out
