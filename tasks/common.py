@@ -59,7 +59,7 @@ USER_ERRORS = _user_errors()
 def load(profile: str | None = None, params_path: str | os.PathLike | None = None,
          overrides: dict[str, Any] | None = None) -> Params:
     """The validated params of ``profile`` (loaded once per entrypoint)."""
-    return load_params(params_path or ROOT / "params.yaml", profile, overrides)
+    return load_params(params_path or ROOT / "params.yaml", profile, overrides, root=ROOT)
 
 
 def layout(params: Params, root: Path | None = None) -> Layout:
@@ -187,7 +187,9 @@ def _stage_logger(name: str) -> logging.Logger:
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", default=None, help="named profile of params.yaml (default: its `profile` key)")
-    p.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    p.add_argument("--params", default=None,
+                   help="params file (default: params.yaml at the repository root); a file of your own starts with "
+                        "`extends: <path to the project's params.yaml>` (docs/extending.md)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a param, e.g. --set train.iterations=5 (YAML value)")
 

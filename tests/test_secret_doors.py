@@ -118,7 +118,7 @@ def test_a_yaml_error_names_the_file_and_line_never_the_lines_text(tmp_path):
         f.write_text(text)
         with pytest.raises(ParamsError) as e:
             load_params(f, "ci")
-        assert PHRASE not in str(e.value) and str(e.value).startswith("bad.yaml is not valid YAML"), str(e.value)
+        assert PHRASE not in str(e.value) and str(e.value).startswith(f"{f} is not valid YAML"), str(e.value)
 
 
 # --- (c) an option a plugin's spec marks secret ---------------------------------------------------------------------

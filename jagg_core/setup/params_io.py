@@ -1,13 +1,15 @@
 """Reading params: ``params.yaml`` and ``--set`` values as untrusted YAML, profiles merged, the tree validated.
 
 :func:`load_params` is what every entrypoint calls: it reads the file (one sentence when it is a folder, a symlink loop,
-not UTF-8 or absurdly large), parses it with the safe loader (duplicate keys refused, aliases bounded), deep-merges the
+not UTF-8 or absurdly large), parses it with the safe loader (duplicate keys refused, aliases bounded), merges it
+over the file its ``extends`` key names (a user's small file on the project's params.yaml), deep-merges the
 active profile's overlay, applies dotted overrides and validates the result against the schema of
 :mod:`jagg_core.setup.config`; every failure is one :class:`~jagg_core.setup.config.ParamsError` sentence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 from pathlib import Path
@@ -17,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from .config import _NAME, Params, ParamsError
+from .paths import PathRuleError, inside
 from .redact import holds_secret, redact_value
 from .storage import read_regular
 
@@ -203,31 +206,108 @@ def _bounded(tree: Any, source: str) -> None:
     size(tree, 0)
 
 
+_MAX_EXTENDS = 8  # files in one `extends` chain: a user's file on the project's, perhaps on a shared one
+
+
+def _shown(path: Path, root: Path) -> str:
+    """How a sentence names a params file: relative to the project (``params.yaml``, ``mine/params.yaml``) when it is
+    in it, else as given: a sentence about ``mine/params.yaml`` named it ``params.yaml``."""
+    where = Path(os.path.abspath(path))
+    if where.is_relative_to(root):
+        return where.relative_to(root).as_posix()
+    with contextlib.suppress(OSError, RuntimeError):  # a symlink loop is the read's sentence, not this one's
+        if path.resolve().is_relative_to(root):
+            return path.resolve().relative_to(root).as_posix()
+    return str(path)
+
+
+def _profiles_of(raw: dict[str, Any], shown: str) -> dict[str, Any]:
+    profiles = raw.get("profiles", {}) or {}
+    if not isinstance(profiles, dict):
+        raise ParamsError(f"{shown}: profiles must be a mapping of profile name -> overlay.")
+    return profiles
+
+
+def _extended(base: dict[str, Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (a file that extends ``base``) deep-merged over ``base``: its sections key by key, its profiles too
+    (``profiles.ci.train.lr`` changes that one value of ci's overlay); a reward mix and a list replace as a whole."""
+    out = deep_merge({k: v for k, v in base.items() if k != "profiles"},
+                     {k: v for k, v in raw.items() if k != "profiles"})
+    profiles = copy.deepcopy(base.get("profiles") or {})
+    for name, overlay in (raw.get("profiles") or {}).items():
+        mine = profiles.get(name)
+        profiles[name] = (deep_merge(mine, overlay) if isinstance(mine, dict) and isinstance(overlay, dict)
+                          else copy.deepcopy(overlay))
+    if profiles or "profiles" in base or "profiles" in raw:
+        out["profiles"] = profiles
+    return out
+
+
+def _read_tree(path: Path, root: Path, chain: tuple[Path, ...] = ()) -> tuple[dict[str, Any], bool]:
+    """The params tree of ``path`` with its ``extends`` chain merged under it (each extended file held to the path
+    rule, the chain bounded, a cycle refused), and whether ``path`` extends another file."""
+    shown = _shown(path, root)
+    raw = parse_yaml(_read_params_file(path), shown)
+    if raw is None:  # an empty file would silently run on the code's defaults
+        raise ParamsError(f"{path} is empty; a params file holds the sections (model, sample, train, ...) and "
+                          f"profiles, as the repository's params.yaml does.")
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{shown} must be a mapping of sections, got {type(raw).__name__}.")
+    _profiles_of(raw, shown)
+    if "extends" not in raw:
+        return raw, False
+    given = raw.pop("extends")
+    if not isinstance(given, str) or not given.strip() or len(given) > 1000:
+        raise ParamsError(f"{shown}: extends must be the path of the params file it builds on, relative to "
+                          f"{shown} (e.g. extends: ../params.yaml).")
+    if holds_secret(given):
+        raise ParamsError(f"{shown}: extends {redact_value(given)} holds a URL's credentials; a params file extends "
+                          f"a local file of the project: pass its path.")
+    target = Path(os.path.abspath(path)).parent / given
+    try:  # the project's rule for a path argument: inside the project, a file
+        target = inside(root, os.path.relpath(target, root), f"{shown}: extends", kind="file")
+    except PathRuleError as e:
+        raise ParamsError(str(e)) from None
+    chain = (*chain, path.resolve())
+    if target in chain:
+        loop = " -> ".join(_shown(p, root) for p in (*chain, target))
+        raise ParamsError(f"{shown}: extends {given!r} makes a cycle ({loop}); a params file extends one that does "
+                          f"not extend it back: remove one of the extends.")
+    if len(chain) >= _MAX_EXTENDS:
+        raise ParamsError(f"{shown}: extends {given!r} makes a chain of more than {_MAX_EXTENDS} params files; "
+                          f"extend the project's params.yaml directly.")
+    base, _ = _read_tree(target, root, chain)
+    return _extended(base, raw), True
+
+
 def load_params(
     path: str | os.PathLike = "params.yaml",
     profile: str | None = None,
     overrides: Mapping[str, Any] | None = None,
+    *,
+    root: str | os.PathLike | None = None,
 ) -> Params:
     """Read ``params.yaml``, apply the profile overlay and dotted ``overrides``, validate.
 
     The profile is, in order: the ``profile`` argument, ``$JAGG_PROFILE``, the file's ``profile`` key, ``toy``.
+
+    A file with ``extends: <path>`` (relative to it, inside the project ``root``, the working directory unless given)
+    is deep-merged over the file it names, profiles too (docs/extending.md). A file that neither extends another nor
+    defines ``profiles`` and is not the project's ``params.yaml`` is refused: every key it leaves out would silently be
+    the code's default (a user's small file replacing the project's).
     """
     path = Path(path)
-    source = path.name
+    root = Path(root if root is not None else Path.cwd()).resolve()
+    source = _shown(path, root)
     if holds_secret(str(path)):
         # a URL's credentials (`http://alice:pw@host/params.yaml`, which a path prints as `http:/alice:…`) would be
         # printed in every sentence about the file and stored where a flow run's parameters are (Prefect)
         raise ParamsError(f"{redact_value(str(path))} holds a URL's credentials; a params file is a local file: save "
                           f"it and pass its local path.")
-    raw = parse_yaml(_read_params_file(path), source)
-    if raw is None:  # an empty file would silently run on the code's defaults
-        raise ParamsError(f"{path} is empty; a params file holds the sections (model, sample, train, ...) and "
-                          f"profiles, as the repository's params.yaml does.")
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{source} must be a mapping of sections, got {type(raw).__name__}.")
-    profiles = raw.pop("profiles", {}) or {}
-    if not isinstance(profiles, dict):
-        raise ParamsError(f"{source}: profiles must be a mapping of profile name -> overlay.")
+    raw, extends = _read_tree(path, root)
+    partial = not extends and "profiles" not in raw and path.resolve() != (root / "params.yaml").resolve()
+    profiles = _profiles_of(raw, source)
+    raw.pop("profiles", None)
     env = os.environ.get("JAGG_PROFILE")
     for given, where in ((profile, "--profile"), (env, "JAGG_PROFILE")):
         if given is not None and not given.strip():
@@ -247,8 +327,8 @@ def load_params(
         # would overwrite ci's prompts with the code's sizes)
         where = "defines it as nothing" if name in profiles else "defines it nowhere"
         raise ParamsError(f"{source} {where} (profile {name!r}) and holds no sections: every value would be the "
-                          f"code's default; add `profiles: {{{name}: ...}}` with its settings or the sections, or pass "
-                          f"the repository's params.yaml.")
+                          f"code's default; add `profiles: {{{name}: ...}}` with its settings or the sections, or "
+                          f"`extends: <path to the project's params.yaml>`, or pass the project's params.yaml.")
     given = (overrides or {}).get("profile", name)
     if given != name and (given in profiles or given == raw.get("profile", "toy")):
         # the profile names the folders (prompts, base model, runs): its settings would be written into those of
@@ -261,6 +341,12 @@ def load_params(
         _bounded(value, f"override {dotted}")
         _set_dotted(tree, dotted, value)
     try:
-        return Params.model_validate(tree)
+        params = Params.model_validate(tree)
     except ValidationError as e:
         raise ParamsError(_describe(e, f"{source} (profile {name})", tree)) from None
+    if partial:  # after its values' own sentences: a typo in it is named before the file as a whole
+        project = os.path.relpath(root / "params.yaml", Path(os.path.abspath(path)).parent)
+        raise ParamsError(f"{source} neither extends the project's params file nor defines profiles, so every key it "
+                          f"leaves out would be the code's default, not the project's; add `extends: {project}` "
+                          f"(the project's params.yaml, relative to {source}) at its top to build on it.")
+    return params
