@@ -4,6 +4,9 @@
     python -m tasks.dvc_pipelines            # (re)write the pipelines of every profile of params.yaml
     python -m tasks.dvc_pipelines --check    # exit 1, naming them, if any written pipeline is not what it would write
 
+Only the project's params.yaml makes them (``--params`` names no other file): the pipelines read it, not the file
+they were made from, and a user's file that ``extends`` it runs its stages with ``jagg <stage> --params FILE``.
+
 DVC's templating cannot pick a profile's overlay (``${profiles.${profile}.run.methods}`` does not parse), so a single
 ``dvc.yaml`` could only sweep the top-level ``run`` section, whatever the profile. Each profile has a pipeline of its
 own instead, with its own ``dvc.lock`` beside it: every command gets ``--profile <profile>``, every stage runs at the
@@ -50,7 +53,30 @@ def _raw(params_path: Path) -> dict[str, Any]:
     raw = parse_yaml(read_text(params_path, ParamsError, limit=16 << 20), params_path.name)
     if not isinstance(raw, dict):
         raise ParamsError(f"{params_path.name} must be a mapping of sections.")
+    if "extends" in raw:  # DVC reads params.yaml's keys itself, not those of a file it extends
+        raise ParamsError(f"{params_path.name} extends another file, whose keys DVC would not read (it interpolates "
+                          f"params.yaml alone); write the project's params.yaml out whole.")
     return raw
+
+
+_ONLY_PROJECT = ("the pipelines are generated from the project's params.yaml only: each reads its params through "
+                 "../../params.yaml and DVC loads the root's params.yaml itself, so pipelines made from another file "
+                 "would not be what DVC runs (and the other profiles' pipelines would be removed)")
+
+
+def _project_params(root: Path, given: str | None) -> Path | None:
+    """``--params``: None or the project's params.yaml (however spelt), else one sentence; nothing is written."""
+    if given is None:
+        return None
+    path = Path(given)
+    try:
+        if path.resolve() == (root / "params.yaml").resolve():
+            return path
+    except (OSError, RuntimeError):  # a symlink loop: the read's sentence below
+        pass
+    read_text(path, ParamsError, limit=16 << 20)  # a FIFO, a folder, a missing file: its own sentence, at once
+    raise ParamsError(f"--params {given[:200]}: {_ONLY_PROJECT}; edit {root / 'params.yaml'} (a file of your own "
+                      f"runs its stages with `jagg <stage> --params {given[:200]}`).")
 
 
 def profile_names(raw: dict[str, Any]) -> list[str]:
@@ -168,7 +194,7 @@ def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, 
     template = read_text(root / TEMPLATE, ParamsError, fix="restore it with `git checkout -- pipelines/template.yaml`")
     out = {}
     for name in profile_names(raw):
-        params = load_params(params_path, name)  # a profile that does not load would fail every stage
+        params = load_params(params_path, name, root=root)  # a profile that does not load would fail every stage
         text = pipeline_text(template, raw, name)
         _plugins_tracked(text, [str(f) for f in params.plugins], name)
         matrix = parse_yaml(text, name)["stages"]["train"]["matrix"]
@@ -268,9 +294,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tasks.dvc_pipelines",
                                  description="Write every profile's DVC pipeline (the active profile's at the root).")
     ap.add_argument("--check", action="store_true", help="only say whether the written pipelines are up to date")
-    ap.add_argument("--params", default=None, help="params file (default: params.yaml at the repository root)")
+    ap.add_argument("--params", default=None,
+                    help="the project's params.yaml, the default and the only file accepted: " + _ONLY_PROJECT)
     args = ap.parse_args(argv)
-    params_path = Path(args.params) if args.params else None
+    params_path = _project_params(ROOT, args.params)
     if args.check:
         bad = stale(ROOT, params_path)
         if bad:
