@@ -192,10 +192,13 @@ def merge_confirmation(rows: list[dict[str, Any]], s: dict[str, Any], extra: dic
     if not common:
         return "The confirmation run's baseline shares no seed with the study's."
     d = max(abs(a[k] - b[k]) for k in common)
-    same = "the same scores to the last bit" if d == 0 else f"its scores within {d:.1e} of the study's"
+    same = ("the same scores to the last bit" if d == 0 else
+            f"its scores within {d:.4f} of the study's, seed by seed (another machine's float rounding carried through "
+            f"the iterations: the base model's own score differs by "
+            f"{abs(_f((s.get('base') or {}).get(prim)) - _f((extra.get('base') or {}).get(prim))):.0e})")
     return (f"The confirmation run retrained the exact baseline on seeds {common[0]}–{common[-1]} beside its methods: "
-            f"{same} (largest difference over the {len(common)} seeds), so each new row is paired with the baseline "
-            f"of its own run.")
+            f"{same}, so each new row is paired with the baseline of its own run, and a comparison with the study's "
+            f"rows takes each against its own run's baseline.")
 
 
 SCREEN_ORDER = ("baseline", "jagg", "jagg-k3", "jagg-k4", "k3at", "jagg-u", "jagg-ui", "jagg-uia", "jagg-uh")
@@ -227,16 +230,31 @@ def screen_table(screen: dict[str, Any], rows: list[dict[str, Any]], speed_table
 
 
 def cross_paired(s: dict[str, Any], extra: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
-    """``a`` (a method of the confirmation run) − ``b`` (one of the study's), paired by seed: meaningful only because
-    both runs' baselines are the same bits (merge_confirmation says whether they are)."""
+    """``a`` (a method of the confirmation run) against ``b`` (one of the study's), each against the baseline of its
+    own run and paired by seed: (a − baseline)_confirmation − (b − baseline)_study, so what differs between the two
+    runs' machines (the baseline's own last digits) cancels out."""
     prim = s["primary"]
 
     def finals(summary, m):
         return {int(r["seed"]): r["final"][prim] for r in summary.get("runs", []) if r.get("method") == m}
 
-    fa, fb = finals(extra, a), finals(s, b)
-    seeds = sorted(set(fa) & set(fb))
-    return _t_interval([fa[k] - fb[k] for k in seeds]) if seeds else None
+    fa, fb, ba, bb = finals(extra, a), finals(s, b), finals(extra, "baseline"), finals(s, "baseline")
+    seeds = sorted(set(fa) & set(fb) & set(ba) & set(bb))
+    return _t_interval([(fa[k] - ba[k]) - (fb[k] - bb[k]) for k in seeds]) if seeds else None
+
+
+def speed_note(table: list[dict] | None) -> str:
+    """Where the screen's speed column comes from, and how far apart two variants of one cost came out."""
+    if not table:
+        return "The speed columns are the runs' own, where a run timed the variant."
+    by_ideal: dict[float, list[float]] = {}
+    for r in table:
+        by_ideal.setdefault(round(_f(r.get("ideal")), 6), []).append(_f(r.get("speedup")))
+    spread = max((max(v) / min(v) for v in by_ideal.values() if len(v) > 1), default=1.0)
+    return (f"The speed columns are one `jagg speed` of every screened variant side by side "
+            f"([speed.json](frontier/screen/speed.json): {len(table)} methods, interleaved rounds on one machine "
+            f"state, medians): variants of the same cost (the same ideal) came out up to {100 * (spread - 1):.0f}% "
+            f"apart, the rounds' noise on this machine; read a difference smaller than that as none.")
 
 
 def _flow(text: str) -> str:
@@ -293,6 +311,8 @@ seeded draws for its one-draw figures. Intervals: Student-t over (model, rollout
 
 {screen_table(screen, rows, speed_table)}
 
+{speed_note(speed_table)}
+
 What it says. JAGG's error is all bias: its one-draw relative squared error {v('jagg', 'mse'):.3f} is its bias squared
 ({v('jagg', 'bias'):.3f}²). The unbiased JAGG has no bias (cos(E g, exact) = 1 to rounding) but one draw's squared
 error is {v('jagg-u', 'mse'):.3f} per group and {v('jagg-ui', 'mse'):.3f} per image — {v('jagg-u', 'mse') / v('jagg', 'mse'):.1f}× JAGG's:
@@ -330,7 +350,8 @@ error moves little: the best placement{f' ({best}, cos {v(best, "cos"):.4f})' if
                          f"*{r['verdict']}* at the {margin:g} margin; measured update speedup {r['measured']:.2f}× "
                          f"(ideal {r['ideal']:.2f}×); gain per 1000 s − baseline's "
                          f"{_mean_iv(r['per_ks_paired']) if r.get('per_ks_paired') else '–'}"
-                         + (f"; − JAGG W = 8 of the study (paired by seed) {_mean_iv(vs_jagg)}" if vs_jagg else "")
+                         + (f"; against JAGG W = 8 of the study, each against its own run's baseline (paired by "
+                            f"seed) {_mean_iv(vs_jagg)}" if vs_jagg else "")
                          + ".")
         out.append(f"""### The confirmation
 
@@ -341,7 +362,31 @@ question — no bias, the most variance — and, of the two draws with the same 
 
 {chr(10).join(lines)}
 """)
+        u = next((r for r in conf if r.get("random_anchor") == "group" or r["method"] == "jagg-u"), None)
+        if u is not None and u.get("paired"):
+            out.append(bias_or_size(s, extra, u, by, sm))
     return _flow("\n".join(out))
+
+
+def bias_or_size(s: dict[str, Any], extra: dict[str, Any], u: dict[str, Any], by: dict[str, dict[str, Any]],
+                 sm: dict[str, Any]) -> str:
+    """The answer to the question the unbiased JAGG was built to ask, read from its rows."""
+    from jagg_core.pipeline.report_stats import NONINFERIORITY_MARGIN as margin
+
+    p, vs = u["paired"], cross_paired(s, extra, u["method"], "jagg")
+    jagg = by.get("jagg", {}).get("paired") or {}
+    mse = lambda m: _f(sm.get(m, {}).get("mse", {}).get("mean"))  # noqa: E731
+    less = p["hi"] < 0
+    same = vs is not None and vs["lo"] <= 0 <= vs["hi"]
+    held = u["verdict"] == "non-inferior" and u["measured"] >= 1.5
+    verdict = (f"**It holds**: {u['method']} is non-inferior at the {margin:g} margin at {u['measured']:.2f}×."
+               if held else f"**No variant at W = 8 reached the target** (non-inferior at the {margin:g} margin with a "
+               f"measured update speedup of at least 1.5×): {u['method']} ran at {u['measured']:.2f}× and its paired "
+               f"interval {_iv(p['lo'], p['hi'])} reaches below −{margin:g}.")
+    return f"""### Bias or size?
+
+{verdict} The unbiased JAGG has no bias, yet it {'learned less than the exact baseline' if less else 'showed no loss against the exact baseline'} ({_mean_iv(p)}), and {'no better than JAGG W = 8 was shown' if same else 'differed from JAGG W = 8'} (each against its own run's baseline: {_mean_iv(vs) if vs else '–'}; JAGG's own: {_mean_iv(jagg) if jagg else '–'}). Removing the bias {'did not measurably give back' if same else 'changed'} the learning JAGG lost, while one draw's squared error grew from {mse('jagg'):.3f} (all of it bias) to {mse(u['method']):.3f} (all of it variance): {mse(u['method']) / mse('jagg'):.1f}×. So the lost learning is not JAGG's bias alone — an error that averages out over iterations cost about as much here as one that does not, and per unit of squared error the bias was the costlier (JAGG's {mse('jagg'):.3f} of bias² cost {_mean_iv(jagg) if jagg else '–'}; the unbiased draw's {mse(u['method']):.3f} of variance cost {_mean_iv(p)}). A JAGG that holds at W = 8 needs an estimator close to the exact gradient draw by draw, not only on average: of everything measured, the smallest error per draw (K = 4 anchors, {mse('jagg-k4'):.3f}) came closest to the baseline, at {by.get('jagg-k4', {}).get('measured', float('nan')):.2f}× — below the 1.5× it would have to pay for itself. What is left to try is a lower-variance unbiased estimator at the same cost: a control variate fitted to the error's shape over the group, or several random anchors sharing one probe forward on a model where a forward of more rows is nearly free (a GPU); on this CPU toy, a forward costs in proportion to its rows.
+"""
 
 
 def alignment_note(al: dict[str, Any] | None) -> str:
@@ -407,20 +452,19 @@ def draw(rows: list[dict[str, Any]], prim: str, path: Path) -> None:
 
 
 def _draw_per_ks(ax, rows: list[dict[str, Any]], prim: str) -> None:
-    """The second panel: what each method learned per 1000 s of whole training iterations (mean, seeds' 95%)."""
-    shown = [r for r in rows if r.get("per_ks")]
-    base = next((r for r in shown if r["method"] == "baseline"), None)
-    if base is not None and not math.isnan(base["per_ks"]["lo"]):
-        ax.axhspan(base["per_ks"]["lo"], base["per_ks"]["hi"], color="0.85", label="exact baseline: seeds' 95%")
+    """The second panel: each method's gain per 1000 s of whole training iterations minus the baseline's, paired by
+    seed (mean, seeds' 95%): paired within its own run, so rows from another run's machine compare alike."""
+    ax.axhline(0.0, color="0.5", lw=0.8, label="the exact baseline")
     for i, r in enumerate(rows):
-        if not r.get("per_ks"):
+        d = r.get("per_ks_paired")
+        if not d:
             continue
-        x, d = r["measured"], r["per_ks"]
+        x = r["measured"]
         err = None if math.isnan(d["lo"]) else [[d["mean"] - d["lo"]], [d["hi"] - d["mean"]]]
         ax.errorbar([x], [d["mean"]], yerr=err, fmt="s", color=f"C{i % 10}", capsize=4)
         ax.annotate(r["method"], (x, d["mean"]), textcoords="offset points", xytext=(6, 4), fontsize=8)
     ax.set_xlabel("update speedup over the exact baseline (median)")
-    ax.set_ylabel(f"test {prim} gain per 1000 s of training")
+    ax.set_ylabel(f"test {prim} gain per 1000 s − the baseline's (paired)")
     ax.set_title("what a second of training buys (whole iterations)", fontsize=10)
     ax.grid(alpha=0.3)
 
@@ -439,7 +483,8 @@ def table(rows: list[dict[str, Any]], prim: str) -> str:
         paired = "–" if not p else f"{_mean_iv(p)} {_iv(*p['prompts_interval'])}"
         lines.append(
             f"| {r['method']} | {r['window'] if r['window'] is not None else '–'} | "
-            f"{'–' if exact else r['anchors']} | {'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
+            f"{'–' if exact else str(r['anchors']) + (' + 1 drawn' if r.get('random_anchor') else '')} | "
+            f"{'yes' if r['reuse'] else 'no'} | {r['ideal']:.2f}× | "
             f"{r['measured']:.2f}× | {_mean_iv(g)} {_iv(*gp)} | {paired} | {r['verdict']} | {r['cos']} |"
             f" {_mean_iv(r['per_ks']) if r.get('per_ks') else '–'} |"
             f" {_mean_iv(r['per_ks_paired']) if r.get('per_ks_paired') else '–'} |"
@@ -610,8 +655,10 @@ def page(s: dict[str, Any], rows: list[dict[str, Any]], cos: dict[str, Any] | No
     base = s.get("base") or {}
     seeds = {r["method"]: r["seeds"] for r in rows}
     runs = sum(seeds.values())
+    cos_link = (os.path.relpath(Path(args.cosines).resolve(), Path(args.out).resolve().parent)
+                if _inside(args.cosines, args.out) else args.cosines)
     cos_note = (f"The cosines are `scripts/jagg_fidelity_study.py --methods all`'s ([methods.json]"
-                f"({Path(args.cosines).relative_to(Path(args.out).parent) if _inside(args.cosines, args.out) else args.cosines})): "
+                f"({cos_link})): "
                 f"each method's whole update gradient over the 8 trained steps (its own routing: two groups of 4 are "
                 f"one gradient here) against the exact one, on the same models ({', '.join(cos.get('models', []))}) "
                 f"and rollouts, {cos.get('meta', {}).get('reading', '?')} images per reading; the interval is "
