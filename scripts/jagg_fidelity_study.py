@@ -447,21 +447,28 @@ def estimator_stats(draws: Sequence[tuple[float, torch.Tensor]], g_exact: torch.
             "norm_ratio": sum(w * float(g.norm()) for w, g in draws) / ne}
 
 
+def rollout_readings(r, iteration: int, args):
+    """The trainer's rollout of ``iteration`` and its advantages, and its readings (``--reading`` signal rows spread
+    over the prompts, at most ``--max-readings`` of them)."""
+    from jagg_core.trainer.loop import _advantages, _rollout
+
+    metrics: dict[str, float] = {}
+    traj = _rollout(r, iteration, iteration + 1, metrics)
+    scored = _advantages(r, traj, iteration + 1, metrics)
+    readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
+    return traj, scored, readings[: args.max_readings] if args.max_readings else readings
+
+
 def measure_methods(r, ctx, name: str, names: Sequence[str], args, out_rows: list, log) -> None:
     from jagg_core.sampling import derive_seed
     from jagg_core.setup.config import ResolvedMethod
-    from jagg_core.trainer.loop import _advantages, _rollout
 
     methods = {m: r.params.method(m) for m in names}
     first = next(iter(methods.values()))
     exact = ResolvedMethod(**{**first.model_dump(), "name": "exact", "mode": "exact"})
     for it in range(args.rollouts):
         iteration = it + args.first_iteration
-        metrics: dict[str, float] = {}
-        traj = _rollout(r, iteration, iteration + 1, metrics)
-        scored = _advantages(r, traj, iteration + 1, metrics)
-        readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
-        readings = readings[: args.max_readings] if args.max_readings else readings
+        traj, scored, readings = rollout_readings(r, iteration, args)
         t0 = time.perf_counter()
         for k, idx in enumerate(readings):
             rows = torch.tensor(idx)
@@ -510,7 +517,6 @@ def alignment_main(args, out: Path, log) -> int:
 
     from jagg_core.sampling import derive_seed
     from jagg_core.setup.config import ResolvedMethod
-    from jagg_core.trainer.loop import _advantages, _rollout
     from jagg_core.trainer.update import UpdateContext
 
     work = Path(args.work)
@@ -526,11 +532,8 @@ def alignment_main(args, out: Path, log) -> int:
         exact = ResolvedMethod(**{**r.params.method(names[0]).model_dump(), "name": "exact", "mode": "exact"})
         for it in range(args.rollouts):
             iteration = it + args.first_iteration
-            metrics: dict[str, float] = {}
-            traj = _rollout(r, iteration, iteration + 1, metrics)
-            scored = _advantages(r, traj, iteration + 1, metrics)
-            readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
-            for k, idx in enumerate(readings[: args.max_readings or None]):
+            traj, scored, readings = rollout_readings(r, iteration, args)
+            for k, idx in enumerate(readings):
                 rows = torch.tensor(idx)
                 g = update_gradient(ctx, traj, scored.advantages, rows, exact)
                 vecs[(name, "exact", it, k)] = g
@@ -539,7 +542,7 @@ def alignment_main(args, out: Path, log) -> int:
                     gen = torch.Generator().manual_seed(derive_seed(args.seed, iteration, k, 0))
                     vecs[(name, m, it, k)] = update_gradient(ctx, traj, scored.advantages, rows, method,
                                                              generator=gen) - g
-            log(f"{name} rollout {iteration}: {min(len(readings), args.max_readings or len(readings))} readings")
+            log(f"{name} rollout {iteration}: {len(readings)} readings")
 
     def cos(a: torch.Tensor, b: torch.Tensor) -> float:
         return float(a @ b / (a.norm() * b.norm()))
