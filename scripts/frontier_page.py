@@ -2,7 +2,13 @@
 
     python scripts/frontier_page.py --summary docs/frontier/summary.json \
         --cosines docs/frontier/fidelity/methods.json --pilot docs/frontier/pilot.md \
-        --wall "2 h 10 min" --cpu "250 min" --date 2026-12-05 --commit abc1234 --out docs/frontier.md
+        --wall "2 h 14 min" --cpu "257 min" --date 2026-12-05 --commit c05cf14 \
+        --screen docs/frontier/screen/methods.json --alignment docs/frontier/screen/alignment.json \
+        --speed docs/frontier/screen/speed.json --extra-summary docs/frontier/unbiased/summary.json \
+        --extra-how "with `jagg run … --set 'run.methods=[baseline, jagg-u]'` on …" --out docs/frontier.md
+
+The screen, the alignment and the speed of every screened variant are the unbiased JAGG's section (issue 60); a
+confirmation run's summary adds its methods to the table and the figure, each paired with its own run's baseline.
 
 The summary is toy-w's report (``jagg report --profile toy-w --copy-to docs/frontier``): each method's test gain with
 its intervals over seeds and over prompts, its paired difference with the exact baseline, its verdict at the
@@ -287,8 +293,8 @@ def unbiased_section(s: dict[str, Any], rows: list[dict[str, Any]], screen: dict
     best = max(place, key=lambda m: v(m, "cos")) if place else None
     out = [f"""## A JAGG that holds over 8 steps? The unbiased JAGG
 
-Every deterministic variant above interpolates the Jacobians between anchors, and the interpolation is wrong the same
-way every iteration: an error that adds up. The **unbiased JAGG** removes it at the cost of one more graph: besides
+Every deterministic variant above interpolates the Jacobians between anchors, and the interpolation may be wrong the
+same way from one iteration to the next: an error that would add up instead of averaging out. The **unbiased JAGG** removes it at the cost of one more graph: besides
 the two endpoints, one step r of the group is drawn with probability p_r and its interpolation error is corrected
 with weight 1/p_r (`jagg.random_anchor`, jagg_core/jagg.py); still one joint backward, over 3 graphs — K = 3's cost,
 24/14 = 1.71× ideal — and on average the exact gradient (a float64 test: the law-weighted mean over every draw is exact
@@ -316,8 +322,8 @@ seeded draws for its one-draw figures. Intervals: Student-t over (model, rollout
 What it says. JAGG's error is all bias: its one-draw relative squared error {v('jagg', 'mse'):.3f} is its bias squared
 ({v('jagg', 'bias'):.3f}²). The unbiased JAGG has no bias (cos(E g, exact) = 1 to rounding) but one draw's squared
 error is {v('jagg-u', 'mse'):.3f} per group and {v('jagg-ui', 'mse'):.3f} per image — {v('jagg-u', 'mse') / v('jagg', 'mse'):.1f}× JAGG's:
-drawing per image does not lower it (the images' errors point in unrelated directions, so stratifying over them buys
-nothing here), nor does p ∝ α(1 − α) ({v('jagg-uia', 'mse'):.3f}). The half correction sits between
+drawing per image does not lower it (stratifying the draws over the images buys nothing here, as if the images' errors
+pointed in unrelated directions), nor does p ∝ α(1 − α) ({v('jagg-uia', 'mse'):.3f}). The half correction sits between
 (bias {v('jagg-uh', 'bias'):.3f}, squared error {v('jagg-uh', 'mse'):.3f}). Placing K = 3's third anchor by the measured
 error moves little: the best placement{f' ({best}, cos {v(best, "cos"):.4f})' if best else ''} against the even one
 (jagg-k3, cos {v('jagg-k3', 'cos'):.4f}).
