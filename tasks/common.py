@@ -137,9 +137,15 @@ def free_port() -> int:
 
 class _Redacting(logging.Filter):
     """Every record a handler emits, redacted (credentials in URLs): our lines, MLflow's, Prefect's, printed lines
-    that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them."""
+    that a flow's ``log_prints`` turns into records — before the console or Prefect's database sees them.
+
+    A record about a user error (Prefect's "Task run failed with exception: ServedRewardError(…)", its flow's
+    "Encountered exception during execution") keeps its one line and loses its traceback: the error is one sentence
+    the user can fix, not a bug. Any other exception's traceback is kept."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], UserError):
+            record.exc_info, record.exc_text = None, None
         message = record.getMessage()
         shown = redact(message)
         if shown != message:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
+from ..errors import UserError, sentence
 from ..setup.config import Params
 from ..setup.redact import flatten, redact
 from .mlflow_store import (TrackingError, artifact_location, check_sqlite_store, resolve_uri, shown,
@@ -68,6 +69,8 @@ OWNER_TAG = "jagg.owner"
 # An owner this machine cannot check (another host's, as after a container restart, or a tag it cannot read) whose
 # heartbeat (else the run's start) is older than OWNER_STALE_SECONDS is taken to be gone: its run is taken over.
 HEARTBEAT_TAG = "jagg.heartbeat"
+FAILURE_TAG = "jagg.failure"  # why a run ended FAILED: the user error's sentence, redacted (MLflow keeps 5000 chars)
+_MAX_TAG = 5000
 HEARTBEAT_SECONDS = 60.0
 OWNER_STALE_SECONDS = 600.0
 # A run whose orchestrator says its process died (a pool-dispatched unit Prefect marked CRASHED: flows/pool.py) is
@@ -411,10 +414,20 @@ class Tracker:
                 owner = run.data.tags.get(OWNER_TAG)
                 mine = owner is None or owner == owner_id()  # another live process's run is not ended here
                 if mine and (not only_running or run.info.status == "RUNNING"):
+                    if status == "FAILED":
+                        self.client.set_tag(run_id, FAILURE_TAG, failure_reason(e))
                     self.client.set_terminated(run_id, status)
             except Exception as err:  # noqa: BLE001  (the store itself may be what failed: say so, raise the cause)
                 log.warning("MLflow run %s could not be marked %s (%s)", run_id, status, redact(str(err)))
             raise
+
+
+def failure_reason(e: BaseException) -> str:
+    """What a FAILED run's ``jagg.failure`` tag says: a user error's sentence, redacted, within MLflow's tag limit;
+    for any other error (a bug) its kind only, since its text may quote anything; the traceback is in the log."""
+    if isinstance(e, UserError):
+        return sentence(redact(str(e)), limit=_MAX_TAG)
+    return f"an unexpected {type(e).__name__} (a bug, not a setting): its traceback is in the stage's log."
 
 
 class _SystemMetrics:

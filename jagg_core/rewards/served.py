@@ -41,6 +41,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import logging
 import math
 import random
 import re
@@ -56,6 +57,8 @@ from ..setup.redact import redact, remember
 from .base import REWARD_KINDS, RewardError, RewardFn, register_reward
 
 __all__ = ["PROTOCOL", "ServedRewardError", "encode_png", "served", "shown_address"]
+
+log = logging.getLogger(__name__)
 
 PROTOCOL = "jagg-reward/1"
 _RETRIED_STATUS = (502, 503, 504)  # a proxy or a restarting judge: the request reached no working scorer
@@ -197,8 +200,11 @@ class _Client:
             if isinstance(failure, _Answer):
                 return self._scores(failure, len(body["images"]))
             if attempt + 1 < attempts:
-                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S)
-                time.sleep(wait * (1 + 0.25 * self.jitter.random()))
+                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S) * (1 + 0.25 * self.jitter.random())
+                what, reason, _ = failure  # each retry leaves one line: which attempt failed, and why
+                log.warning("the reward server at %s %s (attempt %d of %d%s); retrying in %.1f s", self.where,
+                            redact(what), attempt + 1, attempts, f": {redact(reason)}" if reason else "", wait)
+                time.sleep(wait)
         what, reason, hint = failure
         tried = f"{attempts} attempt{'s' if attempts > 1 else ''}{f': {reason}' if reason else ''}"
         raise ServedRewardError(f"the reward server at {self.where} {what} ({tried}); {hint}.")
