@@ -415,7 +415,11 @@ class Tracker:
                 mine = owner is None or owner == owner_id()  # another live process's run is not ended here
                 if mine and (not only_running or run.info.status == "RUNNING"):
                     if status == "FAILED":
-                        self.client.set_tag(run_id, FAILURE_TAG, failure_reason(e))
+                        try:  # the reason is worth a try; the run is ended FAILED whether or not it is stored
+                            self.client.set_tag(run_id, FAILURE_TAG, failure_reason(e))
+                        except Exception as err:  # noqa: BLE001
+                            log.warning("MLflow run %s: its failure reason could not be stored (%s)", run_id,
+                                        redact(str(err)))
                     self.client.set_terminated(run_id, status)
             except Exception as err:  # noqa: BLE001  (the store itself may be what failed: say so, raise the cause)
                 log.warning("MLflow run %s could not be marked %s (%s)", run_id, status, redact(str(err)))
