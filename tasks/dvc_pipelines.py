@@ -34,12 +34,13 @@ from typing import Any
 
 from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params, parse_yaml
+from jagg_core.setup.redact import holds_secret, redact_own
 from jagg_core.setup.storage import atomic_write_text, read_text
 
 from .common import ROOT, cli
 
-__all__ = ["GENERATED", "ROOT_PIPELINE", "active_profile", "main", "pipeline_path", "pipeline_text", "pipelines",
-           "profile_names", "run_sources", "stale", "write"]
+__all__ = ["GENERATED", "ROOT_PIPELINE", "active_profile", "main", "param_keys", "pipeline_path", "pipeline_text",
+           "pipelines", "profile_names", "run_sources", "stale", "write"]
 
 TEMPLATE = Path("pipelines") / "template.yaml"
 ROOT_PIPELINE = Path("dvc.yaml")  # the active profile's
@@ -107,27 +108,136 @@ def run_sources(raw: dict[str, Any], profile: str) -> dict[str, str]:
 
 def _params_lines(sources: dict[str, str]) -> dict[str, list[str]]:
     """How the template's params entries of the run section read for this profile: only the top-level keys it reads
-    (what its overlay sets is already a dependency through ``profiles.<profile>``)."""
+    (what its overlay sets is listed under ``profiles.<profile>``)."""
     top = [f"run.{k}" for k in RUN_KEYS if sources[k] == f"run.{k}"]
     return {"run": top, **{f"run.{k}": [f"run.{k}"] if f"run.{k}" in top else [] for k in RUN_KEYS}}
 
 
-def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
-    """The pipeline of ``profile``: the template with the profile filled in (see the module's docstring)."""
+OVERLAY = "profiles.${profile}"  # the template's entry standing for the overlay's keys of those the stage reads
+# A name DVC cannot address in a dotted params key (it splits on '.', and dpath reads these as a glob)
+_UNADDRESSABLE = re.compile(r"[.*?\[\]]")
+
+
+class _Secrets:
+    """Which params the project's redaction calls secret (jagg_core/setup/redact.py): a key of its word list (and
+    everything under it), an option a plugin's spec marks secret (``Params.secret_options``), a value holding a URL's
+    credentials or a secret value of the params. A secret is never a DVC param: DVC copies each param's value into
+    ``dvc.lock``."""
+
+    def __init__(self, raw: dict[str, Any], paths: list[tuple[str, ...]] = (), marked: list[Any] = ()) -> None:
+        self.raw, self.paths, self.marked = raw, [tuple(p) for p in paths], list(marked)
+        self._texts: dict[str, bool] = {}
+
+    @staticmethod
+    def key(name: str) -> bool:
+        """``name`` is in the redaction's word list (its value is redacted by its key)."""
+        return redact_own({str(name): "x"}) != {str(name): "x"}
+
+    def own(self, path: tuple[str, ...], value: Any) -> bool:
+        """The value at ``path`` (params keys from the root, no ``profiles.<p>``) is itself a secret."""
+        if any(self.key(k) for k in path) or any(path[:len(p)] == p for p in self.paths):
+            return True
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            text = str(value)
+            if text not in self._texts:
+                self._texts[text] = holds_secret(text, self.raw, self.marked)
+            return self._texts[text]
+        return False
+
+    def held(self, path: tuple[str, ...], value: Any) -> bool:
+        """The value at ``path`` is a secret or holds one."""
+        if self.own(path, value):
+            return True
+        if isinstance(value, dict):
+            return any(self.held((*path, str(k)), v) for k, v in value.items())
+        if isinstance(value, (list, tuple)):
+            return any(self.held(path, v) for v in value)
+        return False
+
+
+def param_keys(key: str, value: Any, path: tuple[str, ...], secrets: _Secrets) -> list[str]:
+    """``key`` (dotted, naming ``value``, at ``path``) as DVC params entries that name no secret: itself where nothing
+    under it is secret, else its non-secret keys (a child DVC cannot address, its name holding a '.', is left out)."""
+    if not secrets.held(path, value):
+        return [key]
+    if secrets.own(path, value) or not isinstance(value, dict):
+        return []
+    return [k for name, v in value.items() if not _UNADDRESSABLE.search(str(name))
+            for k in param_keys(f"{key}.{name}", v, (*path, str(name)), secrets)]
+
+
+def _reads(key: str) -> list[str]:
+    """A params entry of the template as the keys it reads: a matrix item's key (``methods.${item.method}``) reads
+    one entry of its section, which one DVC knows only as it expands the matrix: the section."""
+    parts = key.split(".")
+    cut = next((i for i, p in enumerate(parts) if "${" in p), len(parts))
+    return parts[:cut]
+
+
+def _top_keys(key: str, raw: dict[str, Any], secrets: _Secrets) -> list[str]:
+    """A top-level params entry with its secrets left out (an entry params.yaml does not hold stays as written)."""
+    parts, node = _reads(key), raw
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            return [key]
+        node = node[part]
+    if len(parts) < len(key.split(".")):  # a matrix item's: as written unless its section holds a secret
+        return [key] if not secrets.held(tuple(parts), node) else param_keys(".".join(parts), node, tuple(parts),
+                                                                             secrets)
+    return param_keys(key, node, tuple(parts), secrets)
+
+
+def _overlay_keys(keys: list[str], overlay: dict[str, Any], profile: str, secrets: _Secrets) -> list[str]:
+    """The keys under ``profiles.<profile>`` that a stage reading ``keys`` (top-level, as the template lists them)
+    reads: those its overlay sets, secrets left out."""
+    out: list[str] = []
+    for key in keys:
+        node: Any = overlay
+        reached: list[str] = []
+        for part in _reads(key):
+            if not isinstance(node, dict):  # the overlay sets a section above the key: that section
+                break
+            if part not in node:
+                node = None
+                break
+            node, reached = node[part], [*reached, part]
+        if reached and (node is not None or len(reached) == len(_reads(key))):
+            out += [k for k in param_keys(f"profiles.{profile}." + ".".join(reached), node, tuple(reached), secrets)
+                    if k not in out]
+    return out
+
+
+def pipeline_text(template: str, raw: dict[str, Any], profile: str, secret_paths: list[tuple[str, ...]] = (),
+                  marked: list[Any] = ()) -> str:
+    """The pipeline of ``profile``: the template with the profile filled in (see the module's docstring); each
+    stage lists the keys of the profile's overlay it reads, and no secret (``secret_paths`` and ``marked``: the
+    options a plugin marks secret and their values, ``Params.secret_options`` / ``marked_secrets``)."""
     sources = run_sources(raw, profile)
     at_root = pipeline_path(raw, profile) == ROOT_PIPELINE
-    has_overlay = profile in (raw.get("profiles") or {})
     params = _params_lines(sources)
     overlay = (raw.get("profiles") or {}).get(profile) or {}
+    secrets = _Secrets(raw, list(secret_paths), list(marked))
+    stage_params = {n: [str(k) for k in (s.get("params") or [])]
+                    for n, s in parse_yaml(template, str(TEMPLATE))["stages"].items()}
     plugins = [str(f) for f in overlay.get("plugins", raw.get("plugins")) or []]
     body = template[template.index("\nstages:\n") + 1:]
-    out, cmds = [], 0
+    out, cmds, stage, in_params = [], 0, None, False
     for line in body.splitlines():
-        entry = re.fullmatch(r"(\s+)- (run(?:\.\w+)?)\s*", line)
-        if entry:  # a params entry of the run section
-            out += [f"{entry.group(1)}- {k}" for k in params[entry.group(2)]]
-            continue
-        if line.strip() == "- profiles.${profile}" and not has_overlay:
+        head = re.fullmatch(r"  ([\w-]+):\s*(#.*)?", line)
+        if head:
+            stage = head.group(1)
+        block = re.fullmatch(r"(\s+)(\w+):\s*(#.*)?", line)
+        if block and len(block.group(1)) == 4:
+            in_params = block.group(2) == "params"
+        entry = re.fullmatch(r"(\s+)- (\S+)\s*(#.*)?", line) if in_params else None
+        if entry:  # a params entry: the keys it reads, no secret
+            key, indent = entry.group(2), entry.group(1)
+            if key == OVERLAY:
+                keys = [k for k in stage_params[stage] if k != OVERLAY]
+                listed = _overlay_keys(keys, overlay, profile, secrets)
+            else:
+                listed = [k for top in params.get(key, [key]) for k in _top_keys(top, raw, secrets)]
+            out += [f"{indent}- {k.replace('${profile}', profile)}" for k in listed]
             continue
         matrix = re.fullmatch(r"(\s+\w+: )\$\{run\.(\w+)\}\s*", line)
         if matrix:
@@ -141,7 +251,7 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str) -> str:
         out.append(line.replace("${profile}", profile))
         if re.fullmatch(r"\s+deps:\s*", line):  # a plugin file is code every stage runs (params validation)
             out += [f"{line[:line.index('deps')]}  - {_scalar(f)}" for f in plugins]
-    if cmds != len(parse_yaml(template, str(TEMPLATE))["stages"]):
+    if cmds != len(stage_params):
         raise ParamsError(f"{TEMPLATE}: every stage's cmd must be one line `cmd: python -m tasks.<module> ...`.")
     head = [
         f"{GENERATED} from {TEMPLATE} and params.yaml: do not edit,",
@@ -195,7 +305,7 @@ def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, 
     out = {}
     for name in profile_names(raw):
         params = load_params(params_path, name, root=root)  # a profile that does not load would fail every stage
-        text = pipeline_text(template, raw, name)
+        text = pipeline_text(template, raw, name, params.secret_options(), params.marked_secrets())
         _plugins_tracked(text, [str(f) for f in params.plugins], name)
         matrix = parse_yaml(text, name)["stages"]["train"]["matrix"]
         sweep = {k: _lookup(raw, matrix[k][2:-1]) for k in ("method", "seed")}

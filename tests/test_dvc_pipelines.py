@@ -134,7 +134,11 @@ def test_every_command_runs_its_profile_at_the_repository_root():
             assert re.match(rf"python -m tasks\.\w+ --profile {re.escape(profile)}( |$)", stage["cmd"]), stage["cmd"]
             params = stage["params"]
             assert "profile" not in params  # the command is given its profile; params.yaml's key is not read
-            assert f"profiles.{profile}" in params, (profile, name)
+            # the overlay's keys it reads (issue 61): never the whole overlay, each under a top-level key it reads
+            assert f"profiles.{profile}" not in params, (profile, name)
+            tops = [k.split(".${")[0] for k in params if not k.startswith("profiles.")] + ["run"]
+            for key in (k.removeprefix(f"profiles.{profile}.") for k in params if k.startswith("profiles.")):
+                assert any(key == t or key.startswith(t + ".") or t.startswith(key + ".") for t in tops), (name, key)
 
 
 def _generated(root: Path, profiles: tuple[str, ...] = ()) -> Path:
