@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from .modes import EXACT_MODES, MODES, RANDOM_ANCHOR, VARIANTS
+from .modes import EXACT_MODES, MODES, RANDOM_ANCHOR, VARIANTS, anchor_positions, placed_anchors
 
 __all__ = [
     "AUTO_FALLBACK_JAGG_FRAC",
@@ -87,15 +87,6 @@ def interpolation_weights(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
     return (t[0] - t) / (t[0] - t[-1])
 
 
-def anchor_positions(window: int, anchors: int = 2) -> tuple[int, ...]:
-    """Indices of the K anchors in a group of W steps: evenly spread, always including both endpoints."""
-    if window < 2:
-        raise ValueError(f"window must be at least 2, got {window}.")
-    if not 2 <= anchors <= window:
-        raise ValueError(f"anchors must be between 2 and the window ({window}), got {anchors}.")
-    return tuple(round(k * (window - 1) / (anchors - 1)) for k in range(anchors))
-
-
 def anchor_weights(t: torch.Tensor | Sequence[float], anchors: Sequence[int] | None = None) -> torch.Tensor:
     """The (W, K) matrix M with ``s_anchor_k = Σ_j M[j, k] s_j``.
 
@@ -116,15 +107,8 @@ def anchor_weights(t: torch.Tensor | Sequence[float], anchors: Sequence[int] | N
 
 
 def resolve_anchors(window: int, anchors: int = 2, anchor_at: Sequence[int] | None = None) -> tuple[int, ...]:
-    """The anchors of a group: ``anchor_at`` as given (both endpoints included, strictly increasing), else
-    :func:`anchor_positions`' K evenly spread."""
-    if anchor_at is None:
-        return anchor_positions(window, anchors)
-    pos = tuple(int(a) for a in anchor_at)
-    if len(pos) < 2 or pos[0] != 0 or pos[-1] != window - 1 or any(b <= a for a, b in zip(pos, pos[1:])):
-        raise ValueError(f"anchor_at must increase strictly from 0 to the window's last step ({window - 1}), "
-                         f"got {list(pos)}.")
-    return pos
+    """The anchors of a group (:func:`jagg_core.modes.placed_anchors`, the rule the configuration checks too)."""
+    return placed_anchors(window, anchors, anchor_at)
 
 
 def random_anchor_probabilities(t: torch.Tensor | Sequence[float], anchors: Sequence[int],

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Mapping, Union, get_args
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import UserError
-from ..modes import MODES, RANDOM_ANCHOR, VARIANTS
+from ..modes import MODES, RANDOM_ANCHOR, VARIANTS, placed_anchors
 from .names import MAX_NAME, NAME as _NAME, is_name as _is_name
 from .options import Count, Number, Section
 from .paths import inside
@@ -218,21 +218,16 @@ class TrainConfig(Section):
 def check_anchors(window: int, anchors: int, anchor_at: list[int] | None, random_anchor: str | None,
                   random_anchor_p: str | list[float]) -> None:
     """The anchor settings of one group fit its window (the algorithm's own rules, said before any work)."""
-    if anchor_at is not None:
-        if len(anchor_at) < 2 or anchor_at[0] != 0 or anchor_at[-1] != window - 1 or any(
-                b <= a for a, b in zip(anchor_at, anchor_at[1:])):
-            raise ValueError(f"anchor_at must increase strictly from 0 to the window's last step ({window - 1}), "
-                             f"got {anchor_at}")
-    elif anchors > window:
+    if anchor_at is None and anchors > window:
         raise ValueError(f"anchors ({anchors}) cannot exceed the window ({window})")
-    k = len(anchor_at) if anchor_at is not None else anchors
+    pos = placed_anchors(window, anchors, anchor_at)  # anchor_at's own rule: one sentence if it breaks it
+    k = len(pos)
     if random_anchor is not None and k >= window:
         raise ValueError(f"random_anchor needs a step that is not an anchor; {k} anchors fill the window of {window}")
     if isinstance(random_anchor_p, list):
         if len(random_anchor_p) != window:
             raise ValueError(f"random_anchor_p must give one weight per step of the window ({window}), "
                              f"got {len(random_anchor_p)}")
-        pos = set(anchor_at) if anchor_at is not None else {round(i * (window - 1) / (k - 1)) for i in range(k)}
         if any(w <= 0 for j, w in enumerate(random_anchor_p) if j not in pos):
             raise ValueError(f"random_anchor_p must be positive at every step that is not an anchor (a step never "
                              f"drawn keeps its error: not unbiased), got {random_anchor_p}")
