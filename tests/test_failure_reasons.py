@@ -4,12 +4,10 @@ flow's failure) is its one line without a traceback, while a bug keeps its trace
 
 from __future__ import annotations
 
-import contextlib
 import http.server
 import io
 import json
 import logging
-import threading
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from jagg_core.errors import UserError
 from jagg_core.rewards import make_reward
 from jagg_core.rewards.served import ServedRewardError
 from jagg_core.setup.params_io import load_params
+from test_served_rewards import _serving
 
 SECRET = "hunter2pw"
 
@@ -77,18 +76,10 @@ class _FailsFirst(http.server.BaseHTTPRequestHandler):
         self.wfile.write(answer)
 
 
-@contextlib.contextmanager
 def _fails_first():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FailsFirst)
     server.seen, server.daemon_threads = 0, True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    return _serving(server)  # test_served_rewards' thread around an http.server, for the block's duration
 
 
 def test_each_retry_of_a_served_reward_is_one_log_line(caplog):
