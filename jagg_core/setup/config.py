@@ -220,7 +220,10 @@ def check_anchors(window: int, anchors: int, anchor_at: list[int] | None, random
     """The anchor settings of one group fit its window (the algorithm's own rules, said before any work)."""
     if anchor_at is None and anchors > window:
         raise ValueError(f"anchors ({anchors}) cannot exceed the window ({window})")
-    pos = placed_anchors(window, anchors, anchor_at)  # anchor_at's own rule: one sentence if it breaks it
+    try:
+        pos = placed_anchors(window, anchors, anchor_at)  # anchor_at's own rule: one sentence if it breaks it
+    except ValueError as e:  # the schema's error ends the sentence itself
+        raise ValueError(str(e).rstrip(".")) from None
     k = len(pos)
     if random_anchor is not None and k >= window:
         raise ValueError(f"random_anchor needs a step that is not an anchor; {k} anchors fill the window of {window}")
