@@ -133,6 +133,17 @@ def uninterrupted(ci_base, tmp_path_factory):
     return get
 
 
+@pytest.fixture(autouse=True)
+def _each_test_starts_with_no_remembered_secret():
+    """`jagg_core.setup.redact` keeps every secret it has seen for the life of the process (a log record quoting one
+    later is redacted too). Under pytest one worker process runs many tests: a token one test used ("another") was
+    redacted out of a later test's error sentence. Forget them after each test, as a fresh process would."""
+    yield
+    redact = sys.modules.get("jagg_core.setup.redact")
+    if redact is not None:
+        redact._known.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _log_handlers_outlive_pytest():
     """Prefect's console handlers hold the stream that was sys.stderr when Prefect was imported — pytest's capture,
