@@ -174,16 +174,23 @@ def _reads(key: str) -> list[str]:
     return parts[:cut]
 
 
-def _top_keys(key: str, raw: dict[str, Any], secrets: _Secrets) -> list[str]:
-    """A top-level params entry with its secrets left out (an entry params.yaml does not hold stays as written)."""
+def _top_keys(key: str, raw: dict[str, Any], secrets: _Secrets, items: dict[str, list[Any]]) -> list[str]:
+    """A top-level params entry with its secrets left out (an entry params.yaml does not hold stays as written). A
+    matrix item's (``methods.${item.method}``) stays as written where its section holds every value of the item
+    (``items``: the matrix's values by name); where it does not, as a method that only a profile's overlay defines
+    (toy-w's ``jagg-w4``, read from ``profiles.toy-w.methods``), the section's keys: DVC refuses a stage whose params
+    key is missing from params.yaml (MissingParamsError)."""
     parts, node = _reads(key), raw
     for i, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
             return [key]
         node = node[part]
     if len(parts) < len(key.split(".")):  # a matrix item's: as written unless its section holds a secret
-        return [key] if not secrets.held(tuple(parts), node) else param_keys(".".join(parts), node, tuple(parts),
-                                                                             secrets)
+        item = re.fullmatch(r"\$\{item\.(\w+)\}", ".".join(key.split(".")[len(parts):]))
+        values = items.get(item.group(1), ()) if item else None
+        every = values is not None and isinstance(node, dict) and all(str(v) in node for v in values)
+        return [key] if every and not secrets.held(tuple(parts), node) else param_keys(".".join(parts), node,
+                                                                                       tuple(parts), secrets)
     return param_keys(key, node, tuple(parts), secrets)
 
 
@@ -217,6 +224,7 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str, secret_paths
     params = _params_lines(sources)
     overlay = (raw.get("profiles") or {}).get(profile) or {}
     secrets = _Secrets(raw, list(secret_paths), list(marked))
+    items = {k[:-1]: _values(raw, sources[k]) for k in RUN_KEYS}  # the matrices' values: `method`, `seed`
     stage_params = {n: [str(k) for k in (s.get("params") or [])]
                     for n, s in parse_yaml(template, str(TEMPLATE))["stages"].items()}
     plugins = [str(f) for f in overlay.get("plugins", raw.get("plugins")) or []]
@@ -236,7 +244,7 @@ def pipeline_text(template: str, raw: dict[str, Any], profile: str, secret_paths
                 keys = [k for k in stage_params[stage] if k != OVERLAY]
                 listed = _overlay_keys(keys, overlay, profile, secrets)
             else:
-                listed = [k for top in params.get(key, [key]) for k in _top_keys(top, raw, secrets)]
+                listed = [k for top in params.get(key, [key]) for k in _top_keys(top, raw, secrets, items)]
             out += [f"{indent}- {k.replace('${profile}', profile)}" for k in listed]
             continue
         matrix = re.fullmatch(r"(\s+\w+: )\$\{run\.(\w+)\}\s*", line)
@@ -313,6 +321,15 @@ def pipelines(root: Path = ROOT, params_path: Path | None = None) -> dict[Path, 
             raise ParamsError(f"profile {name}: its pipeline would sweep {sweep}, not its run section {params.run}.")
         out[pipeline_path(raw, name)] = text
     return out
+
+
+def _values(raw: dict[str, Any], dotted: str) -> list[Any]:
+    """The list at ``dotted`` of params.yaml, [] where there is none (the profile's load says what is wrong)."""
+    try:
+        found = _lookup(raw, dotted)
+    except (KeyError, TypeError):
+        return []
+    return list(found) if isinstance(found, list) else []
 
 
 def _lookup(tree: dict[str, Any], dotted: str) -> Any:
