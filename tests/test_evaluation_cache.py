@@ -53,6 +53,24 @@ def test_images_are_reused_only_for_the_same_generation(project):
     assert set(_generate(project, prompts).values()).isdisjoint(before.values())
 
 
+def test_an_evaluation_whose_images_are_all_there_builds_no_policy(project, monkeypatch):
+    """Evaluating again what is evaluated (`jagg evaluate` after `jagg run`, `dvc repro`) scores the images it finds
+    without building the policy: building it imported diffusers, transformers and peft and read the base model's
+    weights, about half of such a stage's CPU. The scores are the same."""
+    from jagg_core.evaluation import evaluate as ev
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
+
+    built = []
+    real = ev.policy_from_params
+    monkeypatch.setattr(ev, "policy_from_params", lambda *a, **k: built.append(a) or real(*a, **k))
+    params, lay = load_params(project / "params.yaml", "ci"), Layout(project, "ci")
+    first = ev.evaluate_run(params, lay, "base")
+    assert len(built) == 1  # the images were generated
+    assert ev.evaluate_run(params, lay, "base") == first
+    assert len(built) == 1  # every image was there: none generated, no policy built
+
+
 @pytest.mark.slow
 def test_two_processes_evaluate_like_one_and_resume_by_block(ci_base, tmp_path):
     """`jagg evaluate` with resources.num_processes 2 (accelerate, gloo): the processes split the test set by blocks of

@@ -134,7 +134,9 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
 class StepOptions:
     """How :func:`evaluate_step` runs, not what it computes: the images and scores are the same whatever these are."""
 
-    policy: Any = None  # a loaded policy to reuse across steps (its weights are replaced); None: built from params
+    # a loaded policy to reuse across steps (its weights are replaced), or a function that returns one, called only
+    # when an image is missing (a step whose images are all there loads no model); None: built from params
+    policy: Any = None
     progress: bool = False  # a progress bar while scoring
     part: Part = Part()  # this process's share
     curve_subset: int | None = None  # also summarise the first N images per style (the curve's point, ``curve``)
@@ -185,6 +187,8 @@ def evaluate_step(
     if mine:
         if policy is None:
             policy = policy_from_params(params, layout, pick_device(params))
+        elif callable(policy):
+            policy = policy()
         if weights is not None:
             load_trainable_state_dict(policy.transformer, weights)
         styles = list(prompts)
@@ -331,13 +335,17 @@ def evaluate_run(
     n_curve = _curve_subset(prompts, params.eval.curve_subset)
     curve_prompts = {s: ps[:n_curve] for s, ps in prompts.items()} if n_curve else prompts
     curve = []
-    policy = None
+    built = []  # the policy, loaded by the first step with an image to generate and reused by the next ones
+
+    def policy():  # noqa: ANN202  (a Policy)
+        if not built:
+            built.append(policy_from_params(params, layout, device or pick_device(params)))
+        return built[0]
+
     for k, (step, ckpt) in enumerate(steps):
         weights = None
         if ckpt is not None:
             weights = ckpt.tensors("ema" if use_ema and ckpt.has("ema") else "trainable")
-        if policy is None:
-            policy = policy_from_params(params, layout, device or pick_device(params))
         last = k == len(steps) - 1
         res = evaluate_step(params, layout, eval_dir / "steps" / f"{step:06d}", weights=weights, step=step,
                             prompts=prompts if last else curve_prompts,
