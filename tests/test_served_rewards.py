@@ -223,7 +223,7 @@ def test_how_the_server_is_reached_is_not_part_of_a_runs_fingerprint(tmp_path):
 
     base = key(url="http://127.0.0.1:9/score", token="a-token")
     assert key(url="http://127.0.0.1:9/score", token="another", timeout_s=5, retries=9, batch_size=2,
-               backoff_s=2) == base
+               backoff_s=2, max_in_flight=1, overlap=False) == base
     assert key(url="http://127.0.0.1:8/score", token="a-token") != base
     assert key(url="http://127.0.0.1:9/score", token="a-token", kind="groupwise") != base
 
@@ -234,6 +234,9 @@ def test_how_the_server_is_reached_is_not_part_of_a_runs_fingerprint(tmp_path):
     ({"url": "http://h/s", "retries": 100}, "reward.options.served.retries"),
     ({"url": "http://h/s", "batch_size": 0}, "reward.options.served.batch_size"),
     ({"url": "http://h/s", "kind": "listwise"}, "reward.options.served.kind"),
+    ({"url": "http://h/s", "max_in_flight": 0}, "reward.options.served.max_in_flight"),
+    ({"url": "http://h/s", "max_in_flight": 65}, "reward.options.served.max_in_flight"),
+    ({"url": "http://h/s", "overlap": "sometimes"}, "reward.options.served.overlap"),
     ({"url": "http://h/s", "retry": 2}, "retry"),
 ])
 def test_bad_options_are_one_sentence_before_anything_runs(options, says):
@@ -320,14 +323,18 @@ def _final_weights(root: Path) -> dict:
 
 @pytest.mark.slow  # two ci trainings of 2 iterations through the launcher and a worker: ~2-4 min
 def test_cli_training_with_a_served_reward_survives_a_dropped_connection_bit_for_bit(ci_base, tmp_path):
+    """The undisturbed run sends one request at a time after sampling (as before requests were in flight); the
+    disturbed one several at once, each micro-batch's as soon as it is sampled (sample.batch_size 4: two per
+    rollout), and one is dropped and retried: the same curve and weights, bit for bit."""
     import shutil
 
     runs, requests = {}, {}
-    for case, args in (("undisturbed", ()), ("dropped", ("--drop-request", "2"))):
+    sequential = ("--set", "reward.options.served.overlap=false", "--set", "reward.options.served.max_in_flight=1")
+    for case, args, how in (("undisturbed", (), sequential), ("dropped", ("--drop-request", "2"), ())):
         root = tmp_path / case
         shutil.copytree(ci_base, root)
         with script_server("--token", TOKEN, *args) as url:
-            out = _train(root, url)
+            out = _train(root, url, "--set", "sample.batch_size=4", *how)
             requests[case] = _requests_served(url)
         text = out.stdout + out.stderr
         assert out.returncode == 0, text[-3000:]

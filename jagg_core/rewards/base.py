@@ -120,17 +120,21 @@ def _cached(name: str, options: Mapping[str, Any]) -> RewardFn:
     key = (name, _freeze(options))
     if key not in _BUILT:
         spec = _spec(name)
-        _BUILT[key] = _Checked(name, spec.origin, spec.factory(**options), reward_kind(name, options))
+        beside = spec.beside_policy(dict(options)) if callable(spec.beside_policy) else spec.beside_policy
+        _BUILT[key] = _Checked(name, spec.origin, spec.factory(**options), reward_kind(name, options), bool(beside))
     return _BUILT[key]
 
 
 class _Checked:
     """A built reward, every call of it checked (:func:`checked_scores`): the one place a reward's answer is read,
     for training (pointwise, groupwise, on clips' frames) and evaluation alike. ``kind`` is what the weighted reward
-    reads to call it per batch or per prompt group; any other attribute (``modules``, …) is the reward's own."""
+    reads to call it per batch or per prompt group, ``beside_policy`` (its spec's, :mod:`.weighted`) whether the trainer
+    may call it on parts of a rollout while the policy samples; any other attribute (``modules``, …) is the reward's
+    own."""
 
-    def __init__(self, name: str, origin: str, fn: RewardFn, kind: str):
+    def __init__(self, name: str, origin: str, fn: RewardFn, kind: str, beside_policy: bool = False):
         self.name, self.origin, self.fn, self.kind = name, origin, fn, kind
+        self.beside_policy = beside_policy
 
     def __call__(self, images, prompts, metadata):
         answer = self.fn(images, prompts, metadata)

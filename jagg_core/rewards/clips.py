@@ -82,6 +82,9 @@ def on_frames(fn: RewardFn, frames: str | int | Sequence[int] = "all") -> Reward
 
     clip_fn.modules = getattr(fn, "modules", ())  # rewards_off_device still finds the networks
     clip_fn.kind = kind
+    for attr in ("beside_policy", "request_size", "max_in_flight"):  # how the trainer may call it (.weighted)
+        if hasattr(fn, attr):
+            setattr(clip_fn, attr, getattr(fn, attr))
     return clip_fn
 
 

@@ -14,8 +14,9 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from .base import RewardError, RewardFn
+from .inflight import in_order
 
-__all__ = ["pairwise_wins", "score_groups"]
+__all__ = ["group_members", "pairwise_wins", "placed", "score_groups"]
 
 
 def score_groups(
@@ -24,21 +25,41 @@ def score_groups(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """``fn`` called once per group of ``groups`` (the (B,) group id of each image: its prompt), with that group's
     images, prompts and metadata in batch order; returns the (B,) scores and the per-image extras in batch order
-    (a scalar extra is averaged over the groups)."""
+    (a scalar extra is averaged over the groups). A reward that allows it (``fn.max_in_flight``, a served one) is
+    called on that many groups at once."""
+    members = group_members(name, groups, len(prompts))
+
+    def one(rows: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
+        index = torch.tensor(rows)
+        return fn(images[index.to(images.device)], [prompts[i] for i in rows], [metadata[i] for i in rows])
+
+    answers = in_order(one, [(rows,) for rows in members], getattr(fn, "max_in_flight", 1))
+    return placed(name, len(prompts), members, answers)
+
+
+def group_members(name: str, groups: torch.Tensor | Sequence[int] | None, n: int) -> list[list[int]]:
+    """The rows of each group of ``groups`` ((n,) group ids): groups in order of their first image, rows in batch
+    order."""
     if groups is None:
         raise ValueError(f"reward {name!r} is groupwise: pass groups (the (B,) group id of each image) to score it.")
     ids = torch.as_tensor(groups).reshape(-1).tolist()
-    if len(ids) != len(prompts):
-        raise ValueError(f"got {len(ids)} group ids for {len(prompts)} images.")
+    if len(ids) != n:
+        raise ValueError(f"got {len(ids)} group ids for {n} images.")
     members: dict[Any, list[int]] = {}
-    for i, g in enumerate(ids):  # groups in order of their first image, images in batch order
+    for i, g in enumerate(ids):
         members.setdefault(g, []).append(i)
-    scores = torch.zeros(len(ids), dtype=torch.float32)
+    return list(members.values())
+
+
+def placed(name: str, n: int, members: list[list[int]], answers: Sequence[tuple[torch.Tensor, dict[str, Any]]]
+           ) -> tuple[torch.Tensor, dict[str, Any]]:
+    """The (n,) scores and extras of a batch from its groups' answers (one ``(scores, extras)`` per group of
+    ``members``, in that order), each checked for one score per image of its group."""
+    scores = torch.zeros(n, dtype=torch.float32)
     per_image: dict[str, torch.Tensor] = {}
     scalars: dict[str, list[float]] = {}
-    for rows in members.values():
+    for rows, (r, extra) in zip(members, answers):
         index = torch.tensor(rows)
-        r, extra = fn(images[index.to(images.device)], [prompts[i] for i in rows], [metadata[i] for i in rows])
         r = torch.as_tensor(r).detach().float().cpu().reshape(-1)
         if r.numel() != len(rows):
             raise RewardError(f"reward {name!r} (groupwise) returned {r.numel()} scores for a group of {len(rows)} "
@@ -46,7 +67,7 @@ def score_groups(
         scores[index] = r
         for key, value in extra.items():
             if isinstance(value, torch.Tensor) and value.ndim == 1 and value.numel() == len(rows):
-                per_image.setdefault(key, torch.zeros(len(ids), dtype=torch.float32))[index] = value.detach().float().cpu()
+                per_image.setdefault(key, torch.zeros(n, dtype=torch.float32))[index] = value.detach().float().cpu()
             elif isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
                 scalars.setdefault(key, []).append(float(value))
     info: dict[str, Any] = dict(per_image)

@@ -31,6 +31,10 @@ What the client does with an answer:
   gives a key twice, a number of more than 1,000 digits: each said as such), a wrong number of scores or a score that
   is not a finite number: one sentence, no retry (the server is broken, not unreachable).
 
+Up to ``max_in_flight`` requests are open at once (a pointwise batch's requests, or a trainer's groups scored beside
+its sampling, :mod:`.weighted`); each is retried on its own, and the scores are put back in batch order, so they are
+those of requests sent one after another.
+
 Every sentence names the server by its address with its query removed; the token is never shown (it is remembered
 for redaction, :mod:`jagg_core.setup.redact`). A ``url`` with credentials (``user:password@``) is refused: they would
 be sent as HTTP Basic, not as the protocol's Bearer token.
@@ -39,6 +43,7 @@ be sent as HTTP Basic, not as the protocol's Bearer token.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import io
 import json
 import logging
@@ -47,7 +52,7 @@ import random
 import re
 import threading
 import time
-from typing import Annotated, Any, Literal, Mapping, NamedTuple, Sequence
+from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
@@ -55,6 +60,7 @@ from pydantic import Field
 
 from ..setup.redact import redact, remember
 from .base import REWARD_KINDS, RewardError, RewardFn, register_reward
+from .inflight import in_order
 
 __all__ = ["PROTOCOL", "ServedRewardError", "encode_png", "served", "shown_address"]
 
@@ -67,6 +73,7 @@ _SHOWN_ERROR = 200  # characters of a server's own error text quoted in a senten
 MAX_ANSWER = 64 * 2**20  # bytes of an answer read at most: scores of any batch fit many times over
 MAX_DEPTH = 64  # levels of [ and { in an answer: {"scores": [...]} needs 2
 MAX_DIGITS = 1000  # digits of one number in an answer: a float has at most 17 that count, 309 before its point
+MAX_IN_FLIGHT = 64  # requests open at once, at most: a judge box is a few GPUs, not a server farm
 
 
 class _Answer(NamedTuple):
@@ -116,15 +123,18 @@ OPTIONS = {"url": (Annotated[str, Field(pattern=r"^https?://\S+$", max_length=20
            "batch_size": (Annotated[int, Field(ge=1, le=4096)], None),
            "retries": (Annotated[int, Field(ge=0, le=20)], None),
            "backoff_s": (Annotated[float, Field(ge=0, le=60)], None),
+           "max_in_flight": (Annotated[int, Field(ge=1, le=MAX_IN_FLIGHT)], None),
+           "overlap": (bool, None),
            "kind": (Literal["pointwise", "groupwise"], None)}
 
 
 @register_reward("served", kind=lambda options: options.get("kind", "pointwise"), options=OPTIONS,
-                 transport=("token", "timeout_s", "batch_size", "retries", "backoff_s"),
+                 beside_policy=lambda options: options.get("overlap", True),
+                 transport=("token", "timeout_s", "batch_size", "retries", "backoff_s", "max_in_flight", "overlap"),
                  describe=lambda options: f"the reward server at {shown_address(options.get('url', ''))}; its own "
                                           f"scores, as it answers them")
 def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: int = 16, retries: int = 3,
-           backoff_s: float = 0.5, kind: str = "pointwise") -> RewardFn:
+           backoff_s: float = 0.5, max_in_flight: int = 8, overlap: bool = True, kind: str = "pointwise") -> RewardFn:
     """A reward computed by the server at ``url`` (the protocol: this module's docstring, docs/rewards_served.md).
 
     Args:
@@ -135,6 +145,9 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
         batch_size: images per request of a pointwise reward (a groupwise request is one whole group).
         retries: times a request is sent again after a transport failure (and 502/503/504).
         backoff_s: the first wait before a retry, doubled each time (at most 30 s).
+        max_in_flight: requests open at once, at most (docs/rewards_served.md measures the default).
+        overlap: the trainer sends a rollout's requests as soon as their images are sampled, while the policy samples
+            the next ones (the spec's ``beside_policy``; the same requests, the same scores).
         kind: ``pointwise`` (a score per image) or ``groupwise`` (the server sees one prompt's group at once).
     """
     if not url:
@@ -149,15 +162,16 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
                                 f"(sent as a Bearer token) and the address alone in url.")
     if kind not in REWARD_KINDS:
         raise ServedRewardError(f"reward.options.served.kind must be one of {', '.join(REWARD_KINDS)}, got {kind!r}.")
-    if not (timeout_s > 0 and batch_size >= 1 and retries >= 0 and backoff_s >= 0):
-        raise ServedRewardError("reward.options.served needs timeout_s > 0, batch_size >= 1, retries >= 0 and "
-                                "backoff_s >= 0.")
+    if not (timeout_s > 0 and batch_size >= 1 and retries >= 0 and backoff_s >= 0
+            and isinstance(max_in_flight, int) and 1 <= max_in_flight <= MAX_IN_FLIGHT):
+        raise ServedRewardError(f"reward.options.served needs timeout_s > 0, batch_size >= 1, retries >= 0, "
+                                f"backoff_s >= 0 and max_in_flight from 1 to {MAX_IN_FLIGHT}.")
     if token and not (token.isascii() and token.isprintable() and " " not in token):
         raise ServedRewardError("reward.options.served.token must be printable ASCII without spaces (it is sent as "
                                 "an HTTP header).")
     if token:
         remember({"token": token})  # redacted wherever this process quotes it later (a log line, a library's error)
-    client = _Client(url, token, timeout_s, retries, backoff_s)
+    client = _Client(url, token, timeout_s, retries, backoff_s, max_in_flight)
     step = batch_size if kind == "pointwise" else None
 
     def fn(
@@ -165,18 +179,25 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         n = len(prompts)
         chunks = [(0, n)] if step is None else [(i, min(i + step, n)) for i in range(0, n, step)]
-        scores = [client.score({"protocol": PROTOCOL, "kind": kind, "images": encode_png(images[a:b]),
-                                "prompts": list(prompts[a:b]), "metadata": [dict(m) for m in metadata[a:b]]})
-                  for a, b in chunks]
+
+        def ask(a: int, b: int) -> list[float]:
+            return client.score({"protocol": PROTOCOL, "kind": kind, "images": encode_png(images[a:b]),
+                                 "prompts": list(prompts[a:b]), "metadata": [dict(m) for m in metadata[a:b]]})
+
+        scores = client.in_order(ask, chunks)
         return torch.tensor([s for part in scores for s in part], dtype=torch.float32), {}
 
+    # how the trainer may call it beside its sampling (rewards/weighted.py): requests of `request_size` images from the
+    # batch's start (None: one call per group), up to `max_in_flight` at once
+    fn.request_size, fn.max_in_flight = step, max_in_flight
     return fn
 
 
 class _Client:
     """One server's HTTP client: a request with bounded retries for transport failures, and the answer's checks."""
 
-    def __init__(self, url: str, token: str, timeout_s: float, retries: int, backoff_s: float) -> None:
+    def __init__(self, url: str, token: str, timeout_s: float, retries: int, backoff_s: float,
+                 max_in_flight: int = 1) -> None:
         import httpx
 
         self.url, self.where = url, shown_address(url)
@@ -190,6 +211,20 @@ class _Client:
                                  limits=httpx.Limits(max_keepalive_connections=0),
                                  trust_env=False)  # no proxy from the environment between the trainer and its judge
         self.jitter = random.Random()  # private: the training's own random streams stay untouched
+        self.max_in_flight = max_in_flight
+        self.slots = threading.BoundedSemaphore(max_in_flight)  # requests open at once, whichever thread sends them
+        self.pool: concurrent.futures.ThreadPoolExecutor | None = None  # made at the first batch of several requests
+        self.pool_lock = threading.Lock()
+
+    def in_order(self, ask: Callable[[int, int], list[float]], chunks: list[tuple[int, int]]) -> list[list[float]]:
+        """``ask(a, b)`` for every chunk, up to ``max_in_flight`` at once, the answers in the chunks' order (the first
+        failure in that order is raised; the requests not yet sent are not sent)."""
+        if len(chunks) > 1 and self.max_in_flight > 1:
+            with self.pool_lock:  # one pool for the client's life: its threads are made once
+                if self.pool is None:
+                    self.pool = concurrent.futures.ThreadPoolExecutor(self.max_in_flight,
+                                                                      thread_name_prefix="jagg-served")
+        return in_order(ask, chunks, self.max_in_flight, self.pool)
 
     def score(self, body: dict[str, Any]) -> list[float]:
         """The scores the server gives the request ``body`` (one per image), or one sentence."""
@@ -214,7 +249,7 @@ class _Client:
 
         deadline = _Deadline(self.timeout_s)
         try:
-            with deadline, self.http.stream("POST", self.url, content=content,
+            with self.slots, deadline, self.http.stream("POST", self.url, content=content,
                                             extensions={"trace": deadline.trace}) as response:
                 answer = _Answer(response.status_code, _bounded_body(response, self.where))
         except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as e:

@@ -97,6 +97,11 @@ class RewardSpec:
     options: OptionSchema = field(default_factory=dict)  # reward.options.<name>: {option: (type, default)}
     # groupwise: sees a prompt's whole group at once (or a function of the options that says which)
     kind: str | Callable[[Mapping[str, Any]], str] = "pointwise"
+    # its calls may run in a thread while the policy samples, each on a part of the rollout as soon as that part is
+    # sampled (a pointwise one on consecutive slices of its built function's `request_size` images, a groupwise one per
+    # group): it draws from no random stream of the run and its scores of an image do not depend on when it is called
+    # (rewards/weighted.py); or a function of the options that says whether
+    beside_policy: bool | Callable[[Mapping[str, Any]], bool] = False
     table: tuple[str, float, str] | None = None  # the table value: (score key, scale, label); None: the reward's value
     describe: Callable[[Mapping[str, Any]], str] | None = None  # what it scores with (model, weights), one line
     # options that say how it is reached, not what it scores (a served reward's token, timeout): a run's fingerprint

@@ -29,12 +29,14 @@ from ..setup.storage import FolderLock, atomic_write_text
 from ..sampling import derive_seed
 from .curve import TsvCurve
 from .errors import TrainingError
-from .rollout import Trajectory, rollout
+from .rollout import Trajectory, image_layout, rollout
 from .session import RunState, resume_run, save_run_checkpoint, setup_run
 from .update import UpdateContext, UpdateStats, accumulate_gradients, trajectory_fidelity
 
 if TYPE_CHECKING:  # accelerate is imported where a run starts (session.py:setup_run)
     from accelerate import Accelerator
+
+    from ..rewards.weighted import Scoring
 
 __all__ = ["TrainResult", "train"]
 
@@ -113,8 +115,8 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
         step = it + 1  # iterations completed after this one: the x-axis of every curve
         t_iter = time.perf_counter()
         metrics: dict[str, float] = {}
-        traj = _rollout(r, it, step, metrics)
-        scored = _advantages(r, traj, step, metrics)
+        traj, scoring = _rollout(r, it, step, metrics)
+        scored = _advantages(r, traj, scoring, step, metrics)
         jagg_frac = _route(r, ctx, it, scored, metrics)
         skipped = _optimizer_steps(r, ctx, it, step, scored, jagg_frac, metrics)
         t0 = time.perf_counter()
@@ -144,29 +146,46 @@ def _train(r: RunState, logger: MetricLogger | None, resume: bool, progress: boo
                        history=history)
 
 
-def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> Trajectory:
-    """This process's share of the iteration's prompts, G images each."""
+def _rollout(r: RunState, it: int, step: int, metrics: dict[str, float]) -> tuple[Trajectory, Scoring | None]:
+    """This process's share of the iteration's prompts, G images each; with a reward that may run beside the policy
+    (a served one), the scoring of each micro-batch started as soon as it is sampled."""
     sample, world, rank = r.params.sample, r.accelerator.num_processes, r.accelerator.process_index
     idx = _iteration_prompts(r.train_prompts, sample.prompts_per_iteration, r.seed, it)
     per_rank = sample.prompts_per_iteration // world
     mine = list(range(rank * per_rank, (rank + 1) * per_rank))
+    prompts = [r.train_prompts[idx[k]] for k in mine]
     TRAINER_FAULTS.before_rollout(step)
+    scoring = None
+    if getattr(r.reward_fn, "beside", False):  # the judge scores a part while the policy samples the next
+        prompt_index, group_ids = image_layout(mine, sample.group_size)
+        scoring = r.reward_fn.begin([prompts[int(i)] for i in prompt_index], [{} for _ in prompt_index], group_ids)
     t0 = time.perf_counter()
-    traj = rollout(r.policy, [r.train_prompts[idx[k]] for k in mine], mine, sample, seed=r.seed, iteration=it,
-                   keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
-                   policy_version=r.policy_version, autocast=r.autocast)
+    try:
+        traj = rollout(r.policy, prompts, mine, sample, seed=r.seed, iteration=it,
+                       keep_velocities=r.method.reuse_rollout_velocity and r.method.mode not in EXACT_MODES,
+                       policy_version=r.policy_version, autocast=r.autocast,
+                       on_images=scoring.add if scoring is not None else None)
+    except BaseException:
+        if scoring is not None:
+            scoring.close()
+        raise
     metrics["time/rollout"] = time.perf_counter() - t0
     metrics["sample/window_start"] = traj.train_steps[0]
-    return traj
+    return traj, scoring
 
 
-def _advantages(r: RunState, traj: Trajectory, step: int, metrics: dict[str, float]) -> _Scored:
-    """Rewards, their statistics, and group advantages; returns the rollout with its advantages and rows to train."""
+def _advantages(r: RunState, traj: Trajectory, scoring: Scoring | None, step: int, metrics: dict[str, float]
+                ) -> _Scored:
+    """Rewards, their statistics, and group advantages; returns the rollout with its advantages and rows to train.
+    ``time/reward`` is the time spent scoring after sampling (with ``scoring``, the wait for the calls still out)."""
     acc, tcfg = r.accelerator, r.params.train
     t0 = time.perf_counter()
     prompts_b = traj.image_prompts()
     # A groupwise reward is called once per prompt group (group_ids); a pointwise one once on the whole batch.
-    rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b], groups=traj.group_ids)
+    if scoring is not None:  # begun in _rollout: the same calls, sent as the images were sampled
+        rewards, info = scoring.result()
+    else:
+        rewards, info = r.reward_fn(traj.images, prompts_b, [{} for _ in prompts_b], groups=traj.group_ids)
     rewards, info = TRAINER_FAULTS.rewards(rewards, info, r.params.reward.weights, step)
     metrics["time/reward"] = time.perf_counter() - t0
     all_rewards = acc.gather(rewards.to(acc.device)).cpu()

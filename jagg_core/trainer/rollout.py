@@ -27,7 +27,7 @@ from ..setup.config import SampleConfig
 from ..policies.base import Policy, PromptEmbeds
 from ..sampling import denoise, derive_seed, seeded_generators
 
-__all__ = ["Trajectory", "rollout", "choose_train_steps"]
+__all__ = ["Trajectory", "rollout", "choose_train_steps", "image_layout"]
 
 
 @dataclass
@@ -59,6 +59,15 @@ class Trajectory:
         return self.embeds[self.prompt_index[torch.as_tensor(index, dtype=torch.long)]]
 
 
+def image_layout(global_prompt_ids: Sequence[int], group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rollout's rows: (B,) each image's local prompt row and (B,) its group id (its global prompt index), G
+    consecutive images per prompt in the prompts' order."""
+    p = len(global_prompt_ids)
+    prompt_index = torch.arange(p).repeat_interleave(group_size)  # (B,)
+    group_ids = torch.as_tensor(list(global_prompt_ids), dtype=torch.long).repeat_interleave(group_size)
+    return prompt_index, group_ids
+
+
 def choose_train_steps(cfg: SampleConfig, generator: torch.Generator, iteration: int = 0) -> list[int]:
     """The trained (SDE) steps of the rollout of ``iteration`` (0-based), in denoising order."""
     if cfg.recipe == "dance_grpo":
@@ -84,14 +93,16 @@ def rollout(
     keep_velocities: bool = False,
     policy_version: int = 0,
     autocast: Callable[[], object] = contextlib.nullcontext,
+    on_images: Callable[[torch.Tensor], None] | None = None,
 ) -> Trajectory:
     """Sample G = ``cfg.group_size`` images for each local prompt; ``autocast`` wraps every policy call (the
-    trainer's mixed precision, the same as the update's)."""
+    trainer's mixed precision, the same as the update's). ``on_images`` gets each micro-batch's decoded images
+    (b, 3, H, W) on the CPU as soon as they are sampled, in batch order (the trainer scores them beside the sampling
+    of the next ones: rewards/weighted.py)."""
     g_size = cfg.group_size
     p = len(prompts)
     embeds = policy.encode_prompts(list(prompts))
-    prompt_index = torch.arange(p).repeat_interleave(g_size)  # (B,)
-    group_ids = torch.as_tensor(list(global_prompt_ids), dtype=torch.long).repeat_interleave(g_size)
+    prompt_index, group_ids = image_layout(global_prompt_ids, g_size)
     train_steps = choose_train_steps(cfg, torch.Generator().manual_seed(derive_seed(seed, iteration, -1)), iteration)
     levels = [cfg.noise_level if j in train_steps else 0.0 for j in range(cfg.num_steps)]
     image_ids = [int(gid) * g_size + k for gid in global_prompt_ids for k in range(g_size)]
@@ -102,13 +113,16 @@ def rollout(
     else:
         noise = torch.cat([policy.initial_noise(1, g) for g in gens])
     keep = train_steps if keep_velocities else []
-    parts = []
+    parts, images = [], []
     for i in range(0, len(image_ids), cfg.batch_size):
         sl = slice(i, i + cfg.batch_size)
         parts.append(
             denoise(policy, noise[sl], embeds[prompt_index[sl]], cfg.num_steps, noise_level=levels,
                     sde_kind=cfg.sde_kind, generators=gens[sl], keep_velocities=keep, autocast=autocast)
         )
+        images.append(policy.decode(parts[-1].latents[:, -1]).cpu())  # decoded as sampled, with or without on_images
+        if on_images is not None:
+            on_images(images[-1])
     latents = torch.cat([d.latents for d in parts])
     sched = policy.schedule(cfg.num_steps)
     return Trajectory(
@@ -121,7 +135,7 @@ def rollout(
         sigmas=sched.sigmas,
         timesteps=sched.timesteps,
         train_steps=train_steps,
-        images=torch.cat([policy.decode(d.latents[:, -1]) for d in parts]).cpu(),
+        images=torch.cat(images),
         velocities={j: torch.cat([d.velocities[j] for d in parts]) for j in keep},
         policy_version=policy_version,
     )

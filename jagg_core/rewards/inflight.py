@@ -1,0 +1,48 @@
+"""Calls in flight: a reward's requests run on a small thread pool and are read back in their order.
+
+The served reward keeps several HTTP requests open at once (:mod:`.served`), a groupwise reward that allows it is
+called on several groups at once (:mod:`.groupwise`), and the trainer scores a rollout's parts while its policy
+samples the next ones (:mod:`.weighted`). Each waits for its calls the same way: :func:`answers` gives their results
+in the order the calls were made, or raises the first failure in that order, so what a caller sees does not depend on
+which call finished first.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, Callable, Sequence
+
+__all__ = ["answers", "failure", "in_order"]
+
+
+def failure(futures: Sequence[concurrent.futures.Future]) -> BaseException | None:
+    """The exception of the first call, in the calls' order, that has failed so far (None if none has)."""
+    for f in futures:
+        if f.done() and not f.cancelled() and f.exception() is not None:
+            return f.exception()
+    return None
+
+
+def answers(futures: Sequence[concurrent.futures.Future]) -> list[Any]:
+    """The results of ``futures`` in their order, once all are done; at the first failure, the calls not started are
+    cancelled and the first failure in the calls' order among those that failed is raised. Each call must end in
+    bounded time by itself (a served request has its deadline and a bounded number of retries): this waits for them."""
+    concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+    error = failure(futures)
+    if error is not None:
+        for f in futures:
+            f.cancel()
+        raise error
+    return [f.result() for f in futures]
+
+
+def in_order(call: Callable[..., Any], items: Sequence[tuple], workers: int,
+             pool: concurrent.futures.Executor | None = None) -> list[Any]:
+    """``call(*item)`` for every item, up to ``workers`` at once (on ``pool`` if given), the results in the items'
+    order (:func:`answers`); with one worker or one item, one after another in this thread, as a plain loop."""
+    if workers <= 1 or len(items) <= 1:
+        return [call(*item) for item in items]
+    if pool is not None:
+        return answers([pool.submit(call, *item) for item in items])
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(items)), thread_name_prefix="jagg-reward") as own:
+        return answers([own.submit(call, *item) for item in items])
