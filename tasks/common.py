@@ -69,6 +69,9 @@ def layout(params: Params, root: Path | None = None) -> Layout:
 # The MLflow parent run that groups the runs of stages started on their own (`dvc repro`, `jagg train`); a flow passes
 # its own sweep (the Prefect flow run, or `jagg run`'s timestamp) to every stage it runs.
 DEFAULT_SWEEP = "default"
+# The MLflow UI `jagg services up` started, at its --advertise host and --mlflow-port: set for its worker, read by
+# the report's links where the params leave tracking.ui_url unset (tasks/report.py:ui_url).
+MLFLOW_UI_ENV = "JAGG_MLFLOW_UI_URL"
 
 
 def add_sweep_arg(p: argparse.ArgumentParser) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from typing import Iterator
 
@@ -10,8 +12,8 @@ from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout, PathRuleError, inside
 from jagg_core.setup.redact import redact
 
-from .common import (DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, layout, load, parse_overrides,
-                     stage_logger)
+from .common import (DEFAULT_SWEEP, MLFLOW_UI_ENV, ROOT, add_common_args, add_sweep_arg, cli, layout, load,
+                     parse_overrides, stage_logger)
 from jagg_core.pipeline.tracking import Tracker
 from jagg_core.setup.storage import copy_file, read_text
 from jagg_core.pipeline.report_stats import ReportError
@@ -31,8 +33,23 @@ def report(params: Params, lay: Layout, *, sweep: str = DEFAULT_SWEEP) -> dict:
     tracker.finish(parent)  # the report is the sweep's last stage
     log.info("report: %s", lay.report_dir / "index.html")
     # Prefect stores an artifact's data (and its events) as given: the UI's URL goes there redacted, as everywhere.
-    _prefect_artifacts(lay, summary, redact(params.tracking.ui_url.rstrip("/")), tracker.experiment_id, parent)
+    _prefect_artifacts(lay, summary, redact(ui_url(params).rstrip("/")), tracker.experiment_id, parent)
     return summary
+
+
+def ui_url(params: Params) -> str:
+    """The MLflow UI the report's links point to: ``tracking.ui_url`` where the params set it (the N-host set-up:
+    ``http://head:5000``); else the one `jagg services up` started for the worker running this (``JAGG_MLFLOW_UI_URL``:
+    its ``--advertise`` host and ``--mlflow-port``; before, the links named 127.0.0.1:5000 whatever the port and the
+    host); else the field's default, ``http://127.0.0.1:5000``."""
+    given = os.environ.get(MLFLOW_UI_ENV)
+    if "ui_url" in params.tracking.model_fields_set or not given:
+        return params.tracking.ui_url
+    if not re.fullmatch(r"https?://\S+", given):
+        stage_logger("report").warning("%s=%r is not an http(s) URL: the report links to tracking.ui_url, %s",
+                                       MLFLOW_UI_ENV, redact(given), redact(params.tracking.ui_url))
+        return params.tracking.ui_url
+    return given
 
 
 _SPEED_KEYS = ("time/iteration", "time/update", "update_speedup", "ideal_update_speedup")

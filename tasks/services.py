@@ -1,7 +1,9 @@
 """`jagg services up|down|status` and `jagg ui`: the local Prefect server, a worker, the deployments, the MLflow UI.
 
-Everything binds to 127.0.0.1 unless ``--host`` says otherwise. State (pids, logs, PREFECT_HOME) lives in
-``.services/`` at the repository root. The worker is stopped before the server (a worker without its server ignores
+Everything binds to 127.0.0.1 unless ``--host`` says otherwise; bound to every interface (``--host 0.0.0.0``), the
+addresses handed out (the Prefect UI's API, the MLflow links of the sweeps' reports, what is printed) are
+``--advertise``'s, by default this host's name. State (pids, logs, PREFECT_HOME) lives in ``.services/`` at the
+repository root. The worker is stopped before the server (a worker without its server ignores
 SIGTERM).
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,7 +22,7 @@ import urllib.request
 from typing import Any
 from pathlib import Path
 
-from .common import ROOT, ServiceError, cli, load
+from .common import MLFLOW_UI_ENV, ROOT, ServiceError, cli, load
 from jagg_core.pipeline.tracking import resolve_uri
 from jagg_core.setup.names import is_name, name_rule
 from jagg_core.setup.redact import redact
@@ -37,6 +40,66 @@ HEARTBEAT_S = 30
 CRASH_AFTER_S = 90
 AUTOMATION = "jagg: a flow run without heartbeats is crashed"
 WORKER_START_S = 120  # a worker's first heartbeat: its imports take ~10 s on a slow 2-core host
+WILDCARDS = ("0.0.0.0", "::", "")  # bind addresses meaning every interface, which no other machine can call
+_HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name, or an IPv4 address
+
+
+def advertised(host: str, advertise: str | None = None) -> str:
+    """The address other machines reach this host's services by: ``advertise`` (a host name or an IP address), else
+    the bind address ``host``, else, bound to every interface (``0.0.0.0``, ``::``), this host's name. (Bound to
+    0.0.0.0, the Prefect UI's pages called ``http://0.0.0.0:4200/api``, which a browser on another machine cannot
+    reach, and the reports' MLflow links named 127.0.0.1.)"""
+    if advertise is None:
+        return socket.gethostname() if host in WILDCARDS else host
+    if not _is_address(advertise):
+        shown = repr(advertise) if len(advertise) <= 80 else f"{advertise[:80]!r}…"
+        raise ServiceError(f"--advertise {shown} must be the host name or IP address other machines reach this one "
+                           f"by (such as head or 10.0.0.5: no scheme, port or path, and not an address that means "
+                           f"every interface).")
+    return advertise
+
+
+def _is_address(text: str) -> bool:
+    """``text`` is a host name or an IP address (an IPv6 one bracketed or not), and not one meaning every
+    interface."""
+    import ipaddress
+
+    try:
+        ip = ipaddress.ip_address(text[1:-1] if text.startswith("[") and text.endswith("]") else text)
+    except ValueError:
+        return bool(_HOST_NAME.fullmatch(text)) and not text.startswith("[")
+    return not ip.is_unspecified and (ip.version == 6 or not text.startswith("["))
+
+
+def _in_url(host: str) -> str:
+    """``host`` as a URL's host: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def addresses(host: str, prefect_port: int, mlflow_port: int | None, advertise: str | None = None
+              ) -> dict[str, str]:
+    """The services' URLs: ``local_api``, what this host's own processes call (loopback when bound to every
+    interface); ``prefect_api``, ``prefect_ui`` and ``mlflow_ui``, the advertised ones other machines call and a
+    browser opens."""
+    public = _in_url(advertised(host, advertise))
+    local = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, _in_url(host))
+    urls = {"local_api": f"http://{local}:{prefect_port}/api", "prefect_api": f"http://{public}:{prefect_port}/api",
+            "prefect_ui": f"http://{public}:{prefect_port}"}
+    if mlflow_port:
+        urls["local_mlflow"] = f"http://{local}:{mlflow_port}"
+        urls["mlflow_ui"] = f"http://{public}:{mlflow_port}"
+    return urls
+
+
+def service_envs(urls: dict[str, str]) -> dict[str, dict[str, str]]:
+    """The environments `jagg services up` starts its processes with: ``server`` (the UI's pages call the API at
+    PREFECT_UI_API_URL, the advertised one), ``client`` (the pool's creation, the deployments, the worker: this
+    host's own address of the API; flow-run links and the reports' MLflow links at the advertised addresses)."""
+    client = {**_env(urls["local_api"]), "PREFECT_UI_URL": urls["prefect_ui"]}
+    if "mlflow_ui" in urls:
+        client[MLFLOW_UI_ENV] = urls["mlflow_ui"]
+    return {"server": {**_env(), "PREFECT_UI_API_URL": urls["prefect_api"], "PREFECT_UI_URL": urls["prefect_ui"]},
+            "client": client}
 
 
 def _env(api_url: str | None = None) -> dict[str, str]:
@@ -312,15 +375,17 @@ def _stop(pid: int) -> None:
 
 
 def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None = None,
-       crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None) -> dict[str, str]:
+       crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None,
+       advertise: str | None = None) -> dict[str, str]:
     """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI); interrupted
-    (SIGTERM, Ctrl-C) or failing half-way, it stops what it started."""
+    (SIGTERM, Ctrl-C) or failing half-way, it stops what it started. Returns the advertised URLs."""
     if worker_name is not None:
         _worker_name(worker_name)
+    urls = addresses(host, prefect_port, mlflow_port, advertise)  # a bad --advertise: one sentence, nothing started
     if any(_alive(p) for p in _pids().values()):
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
     try:
-        return _up(host, prefect_port, mlflow_port, pool, worker_name, crash_after, queues, limit)
+        return _up(host, prefect_port, mlflow_port, pool, worker_name, crash_after, queues, limit, urls)
     except BaseException:
         down()
         raise
@@ -358,14 +423,13 @@ def worker(api: str, pool: str, name: str | None, queues: list[str] | None = Non
     return name
 
 
-def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None = None,
-        crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None
-        ) -> dict[str, str]:
-    api = f"http://{host}:{prefect_port}/api"
-    env = _env(api)
-    # The UI's pages call the API at PREFECT_UI_API_URL (default port 4200): point it at this server's own port.
+def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None,
+        crash_after: float, queues: list[str] | None, limit: int | None, urls: dict[str, str]) -> dict[str, str]:
+    api, envs = urls["local_api"], service_envs(urls)
+    env = envs["client"]
+    # The UI's pages call the API at PREFECT_UI_API_URL: this server's port, at the address other machines reach.
     pids = {"server": _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", host, "--port",
-                                                 str(prefect_port)], {**_env(), "PREFECT_UI_API_URL": api})}
+                                                 str(prefect_port)], envs["server"])}
     _write_pids(pids)
     _wait_http(f"{api}/health", 90, "the Prefect server")
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
@@ -376,16 +440,16 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
     _write_pids(pids)
     if worker_name:  # (a worker Prefect names itself is checked by the deployment runs it takes)
         _wait_worker(api, pool, worker_name, pids["worker"], "prefect-worker.log", before)
-    urls = {"prefect_api": api, "prefect_ui": f"http://{host}:{prefect_port}", "deployments": ", ".join(deployments(api))}
+    shown = {k: v for k, v in urls.items() if not k.startswith("local")}
+    shown["deployments"] = ", ".join(deployments(api))
     if mlflow_port:
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
-        urls["mlflow_ui"] = f"http://{host}:{mlflow_port}"
         _write_pids(pids)
-        _wait_http(f"{urls['mlflow_ui']}/health", 120, "the MLflow server")  # a sweep logs to it at once
+        _wait_http(f"{urls['local_mlflow']}/health", 120, "the MLflow server")  # a sweep logs to it at once
     _write_pids(pids)
-    return urls
+    return shown
 
 
 def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
@@ -447,7 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("action", choices=["up", "down", "status", "ui", "worker"],
                     help="worker: start one more worker of the pool on this host (for a sweep with "
                          "resources.dispatch = pool; --api names the server)")
-    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    ap.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only; 0.0.0.0: every "
+                                                        "interface, for the workers of other hosts)")
+    ap.add_argument("--advertise", default=None, metavar="HOST",
+                    help="`up`: the host name or IP address other machines reach this one by, in the Prefect UI's "
+                         "API address and the reports' MLflow links (default: --host, or this host's name when "
+                         "--host is 0.0.0.0 or ::)")
     ap.add_argument("--prefect-port", type=int, default=4200)
     ap.add_argument("--mlflow-port", type=int, default=5000, help="0 = no MLflow UI")
     ap.add_argument("--pool", default="jagg", help="process work pool name (prefect.yaml uses 'jagg')")
@@ -475,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.crash_after <= HEARTBEAT_S:
             raise ServiceError(f"--crash-after {args.crash_after:g} must exceed the heartbeat interval, {HEARTBEAT_S} s.")
         urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool, args.name, args.crash_after,
-                  args.queue, args.limit)
+                  args.queue, args.limit, args.advertise)
         print("\n".join(f"{k}: {v}" for k, v in urls.items()))
         print(f"run a sweep: PREFECT_API_URL={urls['prefect_api']} prefect deployment run 'jagg-reproduce/toy' --watch")
     elif args.action == "down":

@@ -185,3 +185,92 @@ def test_a_worker_name_a_live_worker_of_the_pool_has_is_refused_naming_it(state,
     assert services.main(["worker", "--api", stub.api, "--name", "gpu-1", "--queue", "units"]) == 0
     assert spawned == ["worker-gpu-1"]
     assert f"worker 'gpu-1' serves pool 'jagg' of {stub.api}" in capsys.readouterr().out
+
+
+@pytest.fixture
+def up_parts(monkeypatch, sleeper):
+    """`jagg services up` with what it starts recorded: each spawn's command line and environment (a `sleep` in its
+    place, or the real process for the names in ``real``), the pool's creation and the deployment stubbed."""
+    spawns: dict[str, dict] = {}
+    real: set[str] = set()
+    spawn = services._spawn
+
+    def record(name: str, cmd: list[str], env: dict) -> int:
+        spawns[name] = {"cmd": cmd, "env": env}
+        return spawn(name, cmd, env) if name in real else sleeper().pid
+
+    monkeypatch.setattr(services, "_spawn", record)
+    wait = services._wait_http
+    monkeypatch.setattr(services, "_wait_http", lambda url, timeout, what: wait(url, timeout, what)
+                        if "prefect-server" in real and what == "the Prefect server" else None)
+    monkeypatch.setattr(services, "_run", lambda cmd, env: None)
+    monkeypatch.setattr(services, "crash_automation", lambda api, crash_after=0: None)
+    monkeypatch.setattr(services, "deployments", lambda api: ["jagg-reproduce/toy"])
+    monkeypatch.setattr(services.socket, "gethostname", lambda: "head-1")
+    return spawns, real
+
+
+def test_bound_to_every_interface_up_advertises_an_address_other_machines_reach(state, up_parts, capsys,
+                                                                               monkeypatch):
+    """Before: `jagg services up --host 0.0.0.0` (docs/scaling.md's N-host set-up) served a Prefect UI whose pages
+    called `http://0.0.0.0:4210/api` (PREFECT_UI_API_URL), which a browser on another machine cannot reach, printed
+    that address, and the reports' MLflow links ignored `--mlflow-port` and the host (tracking.ui_url's
+    127.0.0.1:5000). After: the advertised address (`--advertise`, by default this host's name) in the UI's API
+    address, the printed URLs and, through the worker's JAGG_MLFLOW_UI_URL, the report's MLflow links; this host's
+    own processes still call the loopback."""
+    from tasks.common import load
+
+    spawns, _ = up_parts
+    ci, named = load("ci"), load("ci", None, {"tracking.ui_url": "http://mlflow.lab:80"})
+    for extra, public in (([], "head-1"), (["--advertise", "10.0.0.5"], "10.0.0.5")):
+        assert services.main(["up", "--host", "0.0.0.0", "--prefect-port", "4210", "--mlflow-port", "5001",
+                              *extra]) == 0
+        printed = capsys.readouterr().out
+        server, worker = spawns["prefect-server"]["env"], spawns["prefect-worker"]["env"]
+        assert server["PREFECT_UI_API_URL"] == f"http://{public}:4210/api"
+        assert worker["JAGG_MLFLOW_UI_URL"] == f"http://{public}:5001"
+        assert worker["PREFECT_UI_URL"] == f"http://{public}:4210"
+        assert worker["PREFECT_API_URL"] == "http://127.0.0.1:4210/api"  # this host's own processes: the loopback
+        assert spawns["mlflow"]["cmd"][2:6] == ["--host", "0.0.0.0", "--port", "5001"]
+        assert f"prefect_ui: http://{public}:4210" in printed and f"mlflow_ui: http://{public}:5001" in printed
+        assert f"PREFECT_API_URL=http://{public}:4210/api " in printed and "0.0.0.0" not in printed
+        services.down()
+        # the report a sweep of that worker makes links to that MLflow UI, unless the params name one
+        from tasks.report import ui_url
+        monkeypatch.setenv("JAGG_MLFLOW_UI_URL", worker["JAGG_MLFLOW_UI_URL"])
+        assert ui_url(ci) == f"http://{public}:5001" and ui_url(named) == "http://mlflow.lab:80"
+    monkeypatch.delenv("JAGG_MLFLOW_UI_URL")
+    assert ui_url(ci) == "http://127.0.0.1:5000"  # outside `jagg services`: the field's default
+    # bound to one address, that address is the one handed out
+    assert services.main(["up", "--host", "10.0.0.7", "--prefect-port", "4210", "--mlflow-port", "0"]) == 0
+    assert spawns["prefect-server"]["env"]["PREFECT_UI_API_URL"] == "http://10.0.0.7:4210/api"
+    assert "JAGG_MLFLOW_UI_URL" not in spawns["prefect-worker"]["env"]  # no MLflow UI started: the params' own
+    services.down()
+    capsys.readouterr()
+    spawns.clear()
+    for bad in ("http://head:5000", "head:5000", "0.0.0.0", "[::]", "a/b", "x" * 300):
+        assert services.main(["up", "--host", "0.0.0.0", "--advertise", bad]) == 1
+        said = _error(capsys)
+        assert said.startswith("jagg: error: --advertise ") and "no scheme, port or path" in said and len(said) < 400
+    assert spawns == {} and not (state / "pids.json").exists()
+
+
+@pytest.mark.slow  # a real `prefect server start` (~10-20 s on a 2-core host)
+def test_the_prefect_ui_of_a_server_bound_to_every_interface_calls_the_advertised_api(state, up_parts):
+    """The real Prefect server `jagg services up --host 0.0.0.0` starts on host head-1 (its pool, deployments, worker
+    and MLflow stubbed) tells its UI's pages to call http://head-1:<port>/api (its /ui-settings, which the browser
+    reads first); before, http://0.0.0.0:<port>/api."""
+    import urllib.request
+
+    spawns, real = up_parts
+    real.add("prefect-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        services.up("0.0.0.0", port, None, "jagg")  # advertised: this host's name, head-1
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings", timeout=30) as r:
+            settings = json.loads(r.read())
+    finally:
+        services.down()
+    assert settings["api_url"] == f"http://head-1:{port}/api", settings
