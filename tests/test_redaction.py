@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import shutil
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
@@ -297,28 +298,49 @@ def test_a_run_writes_no_secret_to_disk_or_to_its_command_line(ci_project):
     assert not list(ci_project.rglob(".worker-context-*"))  # the launcher's private file is gone
 
 
-@pytest.mark.slow  # one `jagg run --profile ci` (a temporary Prefect server, a live MLflow server): ~2-4 min
-def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_path):
+@dataclass
+class CredentialedRun:
+    """One whole `jagg run` with a password in every place mechanism 3 and round 4 found one leaking."""
+
+    root: Path
+    printed: str
+    returncode: int
+
+
+@pytest.fixture(scope="module")
+def credentialed_run(ci_base, tmp_path_factory) -> CredentialedRun:
+    """One `jagg run --profile ci` sweep point (a temporary Prefect server, a live MLflow server; ~1-2 min) that the
+    two tests below read, each for its own passwords (they each ran one such run: the suite's time): tracking.ui_url
+    with :data:`UI_PASSWORD` ('/', '#', '?' and '@'), tracking.mlflow_uri reaching the live server with
+    :data:`STORE_PASSWORD` ('@'), a served reward's URL and token with :data:`PASSWORD` (a section that changes
+    results, so in the point's digest) and a thread count beside them. Tests copy the project before they write."""
+    root = tmp_path_factory.mktemp("credentialed") / "project"
+    shutil.copytree(ci_base, root)
+    server = _MlflowServer(root)
+    server.start()
+    ui = f"http://alice:{UI_PASSWORD}@127.0.0.1:5000"
+    store = f"http://bob:{STORE_PASSWORD}@127.0.0.1:{server.port}/"
+    served = f"{{served: {{url: 'http://alice:{PASSWORD}@127.0.0.1:9/score', token: '{PASSWORD}'}}}}"
+    try:
+        out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]", "--set", "train.iterations=1",
+                         "--set", f"tracking.ui_url={ui}", "--set", f"tracking.mlflow_uri={store}",
+                         "--set", f"reward.options={served}", "--set", "resources.num_threads=1",
+                         root=root, env=_prefect_env(root), timeout=900)
+    finally:
+        server.stop()
+    return CredentialedRun(root, out.stdout + out.stderr, out.returncode)
+
+
+@pytest.mark.slow  # reads the module's one credentialed `jagg run` (a temporary Prefect server, a live MLflow server)
+def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(credentialed_run):
     """`jagg run --profile ci` with credentials in every URL field (tracking.ui_url: a password holding '/', '#',
     '?' and '@'; tracking.mlflow_uri: a live server reached with a password holding '@'): no piece of either password
     is in mlflow.db, mlruns/, Prefect's database (artifacts, artifact collections, events, flow-run parameters, logs,
     read row by row and as bytes), runs/, eval/, reports/, any other file of the project, or the output. (Round 4:
     the MLflow link artifact and the report's markdown held the UI's password, in `artifact`, `artifact_collection`
     and the events.)"""
-    root = tmp_path / "project"
-    shutil.copytree(ci_base, root)
-    server = _MlflowServer(root)
-    server.start()
-    ui = f"http://alice:{UI_PASSWORD}@127.0.0.1:5000"
-    store = f"http://bob:{STORE_PASSWORD}@127.0.0.1:{server.port}/"
-    try:
-        out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]",
-                         "--set", f"tracking.ui_url={ui}", "--set", f"tracking.mlflow_uri={store}", root=root,
-                         env={"PREFECT_HOME": str(root / ".prefect"), "PREFECT_API_URL": ""}, timeout=900)
-    finally:
-        server.stop()
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-4000:]
+    root, text = credentialed_run.root, credentialed_run.printed
+    assert credentialed_run.returncode == 0, text[-4000:]
     db = root / ".prefect" / "prefect.db"
     assert db.exists(), "no Prefect database: the grep below would prove nothing"
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -339,18 +361,19 @@ def test_c1_a_credentialed_jagg_run_leaves_no_password_anywhere(ci_base, tmp_pat
         assert (root / folder).exists(), folder
 
 
-@pytest.mark.slow  # one `jagg run --profile ci` sweep point (a temporary Prefect server): ~2-3 min
-def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(ci_base, tmp_path):
+@pytest.mark.slow  # reads the module's one credentialed `jagg run` sweep point, in a copy, after three refused starts
+def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(credentialed_run, tmp_path):
     """The password planted wherever mechanism 3 found it leaking: refused at once (the experiment's name, a params
     path with a URL's credentials, a UI URL with a space in its password), then a whole `jagg run` sweep point with
-    it in the UI's URL (tracking.*), a served reward's URL and token (a section that changes results, so in the
-    point's digest) and a thread count beside them. No piece of it is in mlflow.db (the experiments table included),
-    Prefect's database (flow-run parameters, logs, events, artifacts), any file or folder name of the project, or
-    what was printed."""
+    it in a served reward's URL and token (a section that changes results, so in the point's digest), a password in
+    the UI's URL (tracking.*: the module's run holds :data:`UI_PASSWORD` there) and a thread count beside them. No
+    piece of either is in mlflow.db (the experiments table included), Prefect's database (flow-run parameters, logs,
+    events, artifacts), any file or folder name of the project, or what was printed."""
     root = tmp_path / "project"
-    shutil.copytree(ci_base, root)
+    shutil.copytree(credentialed_run.root, root)  # the refused starts below run in the run's project, a copy of it
     env = _prefect_env(root)
-    printed = ""
+    printed = credentialed_run.printed
+    assert credentialed_run.returncode == 0, printed[-4000:]
     for args in (["--set", f"tracking.experiment=jagg-{{profile}}-{PASSWORD}",
                   "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000"],
                  ["--params", f"http://alice:{PASSWORD}@files.example/params.yaml"],
@@ -359,16 +382,9 @@ def test_m3_a_planted_password_is_in_no_store_no_file_and_no_folder_name(ci_base
         printed += refused.stdout + refused.stderr
         assert refused.returncode == 1, printed[-3000:]
         _one_sentence(refused.stderr.strip().splitlines()[-1])
-    served = f"{{served: {{url: 'http://alice:{PASSWORD}@127.0.0.1:9/score', token: '{PASSWORD}'}}}}"
-    out = run_module("flows.run", "--profile", "ci", "--set", "run.methods=[jagg]", "--set", "train.iterations=1",
-                     "--set", f"tracking.ui_url=http://alice:{PASSWORD}@127.0.0.1:5000",
-                     "--set", f"reward.options={served}", "--set", "resources.num_threads=1",
-                     root=root, env=env, timeout=900)
-    printed += out.stdout + out.stderr
-    assert out.returncode == 0, printed[-4000:]
     points = [p.name for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
     assert len(points) == 1 and (root / "reports" / points[0] / "index.html").exists(), points  # it ran, as a point
-    needles = _pieces(PASSWORD)
+    needles = _pieces(PASSWORD) + _pieces(UI_PASSWORD)
     mlflow_db, prefect_db = root / "mlflow.db", root / ".prefect" / "prefect.db"
     assert mlflow_db.exists() and prefect_db.exists(), "a store was not written: the grep would prove nothing"
     con = sqlite3.connect(f"file:{mlflow_db}?mode=ro", uri=True)
