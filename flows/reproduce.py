@@ -27,7 +27,7 @@ from tasks.common import shown_redacted
 
 from .pool import run_on_pool
 from .stages import evaluate_task, prepare_task, pretrain_task, report_task, speed_task, train_task
-from .sweep import flow_params, sweep_digest, sweep_name
+from .sweep import flow_params, sweep_digest, sweep_name, sweep_tracked
 
 __all__ = ["evaluate_only", "flow_params", "report_only", "reproduce", "sweep_digest", "sweep_name"]
 
@@ -53,6 +53,13 @@ def reproduce(profile: str = "toy", parallel_runs: int = 1, overrides: dict[str,
         raise ParamsError(f"parallel_runs {parallel_runs} must be at least 1.")
     params = flow_params(profile, params_file, overrides)
     sweep = sweep_name(sweep, params)
+    with sweep_tracked(params, sweep):  # its MLflow parent run RUNNING, then ended with the sweep's outcome
+        return _reproduce(params, profile, parallel_runs, overrides, params_file, sweep, restart)
+
+
+def _reproduce(params, profile: str, parallel_runs: int, overrides: dict[str, Any] | None,  # noqa: ANN001
+               params_file: str | None, sweep: str, restart: bool) -> dict:
+    """The reproduction's stages, in the sweep's flow run (:func:`reproduce`)."""
     if params.outputs:
         print(f"sweep point {params.outputs}: {json.dumps(redact(overrides), sort_keys=True, default=str)}")
     prepare_task(params)
@@ -97,11 +104,12 @@ def evaluate_only(profile: str = "toy", overrides: dict[str, Any] | None = None,
     """Evaluate the base model and every run's checkpoints, then rebuild the report."""
     params = flow_params(profile, params_file, overrides)
     sweep = sweep_name(sweep, params)
-    evaluate_task(params, "base", sweep)
-    for s in params.run.seeds:
-        for m in params.run.methods:
-            evaluate_task(params, run_name(m, s), sweep)
-    return report_task(params, sweep)
+    with sweep_tracked(params, sweep):  # its MLflow parent run RUNNING, then ended with the sweep's outcome
+        evaluate_task(params, "base", sweep)
+        for s in params.run.seeds:
+            for m in params.run.methods:
+                evaluate_task(params, run_name(m, s), sweep)
+        return report_task(params, sweep)
 
 
 @flow(name="jagg-report", log_prints=True)

@@ -8,13 +8,14 @@ the digest: alone they keep the profile's folders, beside others the point's; a 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from prefect.context import FlowRunContext
 
-from jagg_core.pipeline.tracking import check_sweep_name
+from jagg_core.pipeline.tracking import Tracker, check_sweep_name
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import inside
 from jagg_core.setup.redact import mask, redact_own
@@ -22,7 +23,7 @@ from tasks.common import ROOT, load
 
 from .secrets import restore
 
-__all__ = ["flow_params", "sweep_digest", "sweep_name"]
+__all__ = ["flow_params", "sweep_digest", "sweep_name", "sweep_tracked"]
 
 # Overrides that would change the prompt set or the base model, which a sweep point shares with its profile.
 _SHARED_SECTIONS = ("data.", "world.", "model.", "pretrain.", "profile", "outputs")
@@ -38,6 +39,16 @@ def sweep_name(sweep: str | None, params: Params) -> str:
         return check_sweep_name(sweep, params)
     ctx = FlowRunContext.get()
     return str(ctx.flow_run.id) if ctx and ctx.flow_run else "default"
+
+
+@contextlib.contextmanager
+def sweep_tracked(params: Params, sweep: str) -> Iterator[str]:
+    """The sweep's MLflow parent run while the flow's block runs: RUNNING, owned by this process, then FINISHED when
+    the block completes, FAILED (its ``jagg.failure`` tag the error's sentence, redacted) when it fails, KILLED when
+    it is interrupted, cancelled or crashes (SIGTERM; a SIGKILLed one is marked KILLED by the next sweep or stage
+    that opens the store): :meth:`Tracker.sweeping`."""
+    with Tracker(params, ROOT).sweeping(sweep) as run_id:
+        yield run_id
 
 
 def flow_params(profile: str | None, params_file: str | None = None, overrides: dict[str, Any] | None = None) -> Params:

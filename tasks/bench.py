@@ -75,7 +75,7 @@ def _metrics(result: dict) -> dict[str, float]:
 def _log_mlflow(tracker: Any, result: dict, path: Path, sweep: str = DEFAULT_SWEEP) -> str:
     """One run per model: params (the bench settings and the model), metrics, and the JSON as artifact."""
     run_id = tracker.child_run(sweep, f"bench-{result['model']['name']}", method=None, seed=None, key=path.stem,
-                               extra_tags={"jagg.bench": "1"})
+                               extra_tags={"jagg.bench": "1"}, per_sweep=True)  # a sweep's own measurement
     tracker.log_params(run_id, {"bench": {**result["config"], "model": result["model"]["name"],
                                           "trainable_params": result["model"]["trainable_params"],
                                           "cpu": result["machine"]["cpu"], "device": result["machine"]["device"]}})

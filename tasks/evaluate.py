@@ -42,8 +42,13 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     # The evaluation's conventions beside its scores: protocol, scorers (model, weights, scale), resolution, steps,
     # guidance, the per-prompt seed rule (jagg_core/evaluation/protocols.py)
     # (on the validation split under eval-validation.*: the run may hold the test split's evaluation too)
-    tags = {**orchestration_tags(),
-            **{split_named(k, params.eval.split): v for k, v in evaluation_conventions(params).items()}}
+    # Who ran it under eval.* (a pool's evaluation unit is a flow run of its own): the training's own
+    # prefect_flow_run_id and dvc_stage stay its training's; the base model's run is its evaluation's own.
+    own = orchestration_tags()
+    tags = {split_named(k, params.eval.split): v
+            for k, v in {**{f"eval.{k}": v for k, v in own.items()}, **evaluation_conventions(params)}.items()}
+    if run == "base":
+        tags.update(own)
     run_id = tracker.child_run(sweep, run, method=method, seed=seed, key=key, extra_tags=tags)
     # Whatever ends the evaluation (an error, Ctrl-C, SIGTERM) ends a run it left RUNNING: FAILED or KILLED.
     with tracker.ending(run_id, only_running=True):

@@ -19,9 +19,24 @@ from jagg_core.setup.params_io import load_params
 # --- every run a command opens is ended ----------------------------------------------------------------------------
 
 
-def _sqlite_tracker(tmp_path):
+@pytest.fixture(scope="module")
+def empty_store(tmp_path_factory) -> Path:
+    """An MLflow SQLite store with its tables and no experiment of ours, made once per module (making one runs
+    MLflow's migrations: 5 to 20 s on a busy machine); a test copies it (under a second)."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("empty-store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def _sqlite_tracker(tmp_path, empty_store: Path):
+    """A Tracker of the ci profile on a fresh copy of ``empty_store`` at ``tmp_path/mlflow.db``."""
+    import shutil
+
     from jagg_core.pipeline.tracking import Tracker
 
+    shutil.copy(empty_store, tmp_path / "mlflow.db")
     params = load_params(PARAMS, "ci", {"tracking.mlflow_uri": f"sqlite:///{tmp_path}/mlflow.db"})
     return Tracker(params, tmp_path)
 
@@ -31,12 +46,12 @@ def _statuses(tracker) -> dict[str, str]:
     return {r.data.tags.get("jagg.run", r.data.tags.get("jagg.kind")): r.info.status for r in runs}
 
 
-def test_every_mlflow_run_a_command_opens_ends_whatever_ends_it(tmp_path, monkeypatch):
+def test_every_mlflow_run_a_command_opens_ends_whatever_ends_it(tmp_path, monkeypatch, empty_store):
     from jagg_core.pipeline.tracking import Tracker
 
     from tasks.launch import Interrupted
 
-    tracker = _sqlite_tracker(tmp_path)
+    tracker = _sqlite_tracker(tmp_path, empty_store)
     for run, exc, status in (("a", Interrupted(15), "KILLED"), ("b", KeyboardInterrupt(), "KILLED"),
                              ("c", RuntimeError("x"), "FAILED")):
         run_id = tracker.child_run("s", run, method=None, seed=None, key=run)
@@ -280,3 +295,194 @@ def test_m5_an_owner_without_a_heartbeat_for_the_bound_is_stale(ci_project, monk
     with tracker.heartbeat(run_id, every=0.1):
         time.sleep(1.0)
     assert time.time() - float(tracker.client.get_run(run_id).data.tags["jagg.heartbeat"]) < 5
+
+
+# --- records stay whole after a fault (issue 61, mechanism 5) ------------------------------------------------------
+
+
+def _dead_owner() -> str:
+    """An owner tag naming a process that is gone (this host, this pid, another start time)."""
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}:1.00"
+
+
+def _runs_named(tracker, run: str) -> list:
+    return tracker.client.search_runs([tracker.experiment_id], f"tags.`jagg.run` = '{run}'")
+
+
+def test_m5_a_sweep_run_again_adopts_the_mlflow_run_each_training_already_has(tmp_path, empty_store):
+    """Before: after the sweep's own worker was killed and the sweep run again (a new flow run, so a new sweep name),
+    baseline-s0 and jagg-s0 each had two MLflow runs (the old one held the curve, the new one the evaluations) and
+    there were two base runs: a run was found by its sweep. Now it is found by who it is (profile, outputs folder,
+    name, fingerprint): the rerun adopts it, curve and all, and points it to its own sweep."""
+    from jagg_core.pipeline.tracking import OWNER_TAG
+
+    tracker = _sqlite_tracker(tmp_path, empty_store)
+    names = {"base": (None, None, "base"), "baseline-s0": ("baseline", 0, "fp-b"), "jagg-s0": ("jagg", 0, "fp-j")}
+    first = {run: tracker.child_run("flow-run-1", run, method=m, seed=s, key=k) for run, (m, s, k) in names.items()}
+    tracker.logger(first["jagg-s0"]).log_metrics({"reward/mean": 0.5}, 1)  # its curve, in the first sweep
+    for run_id in first.values():  # the worker killed under them: RUNNING, their owner gone
+        tracker.set_tags(run_id, {OWNER_TAG: _dead_owner()})
+    again = {run: tracker.child_run("flow-run-2", run, method=m, seed=s, key=k, extra_tags={"prefect_flow_run_id": "2"})
+             for run, (m, s, k) in names.items()}
+    assert again == first
+    parent = tracker.sweep_run("flow-run-2")
+    for run, run_id in first.items():
+        assert len(_runs_named(tracker, run)) == 1, run
+        r = tracker.client.get_run(run_id)
+        assert r.data.tags["jagg.sweep"] == "flow-run-2" and r.data.tags["jagg.parent_run"] == parent
+        assert r.info.status == "KILLED" and tracker.claim(run_id)  # reaped, then taken by the rerun's training
+    assert tracker.metric_points(first["jagg-s0"], "reward/mean") == {(1, 0.5)}
+    # another fingerprint (other params in the same folder) is another run
+    assert tracker.child_run("flow-run-2", "jagg-s0", method="jagg", seed=0, key="fp-other") != first["jagg-s0"]
+
+
+def test_m5_two_outputs_folders_are_two_mlflow_runs(tmp_path, empty_store):
+    """Before: two runs of one name and params under different `--set outputs=` logged into one MLflow run (14
+    `reward/mean` points for 2 steps; its checkpoint tag pointed at the other folder): the outputs folder was no part
+    of who a run is. Now it is (`jagg.outputs`); a run from before that tag is adopted by the folder its last
+    checkpoint is in."""
+    from jagg_core.pipeline.tracking import Tracker
+
+    ci_ = _sqlite_tracker(tmp_path, empty_store)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    lk = Tracker(load_params(PARAMS, "ci", {"tracking.mlflow_uri": uri, "outputs": "lk"}), tmp_path)
+    ours, theirs = (t.child_run("default", "jagg-s0", method="jagg", seed=0, key="same-fp") for t in (ci_, lk))
+    assert ours != theirs
+    for tracker, run_id, value in ((ci_, ours, 1.0), (lk, theirs, 2.0)):
+        assert tracker.client.get_run(run_id).data.tags["jagg.outputs"] == tracker.outputs
+        tracker.logger(run_id).log_metrics({"reward/mean": value}, 1)
+    assert ci_.metric_points(ours, "reward/mean") == {(1, 1.0)}
+    assert lk.metric_points(theirs, "reward/mean") == {(1, 2.0)}
+    # a run made before `jagg.outputs` (its last checkpoint in lk's folder) is lk's, not the profile's
+    legacy = ci_.client.create_run(ci_.experiment_id, tags={
+        "jagg.kind": "run", "profile": "ci", "jagg.sweep": "default", "jagg.run": "jagg-s1", "jagg.key": "k1",
+        "jagg.checkpoint": "checkpoints/lk/jagg-s1/step_000002"}).info.run_id
+    assert ci_.child_run("default", "jagg-s1", method="jagg", seed=1, key="k1") != legacy
+    assert lk.child_run("default", "jagg-s1", method="jagg", seed=1, key="k1") == legacy
+    assert lk.client.get_run(legacy).data.tags["jagg.outputs"] == "lk"
+
+
+_SWEEP_HOLDER = """
+import sys, time
+from pathlib import Path
+from jagg_core.setup.params_io import load_params
+from jagg_core.pipeline.tracking import Tracker
+params = load_params(Path(sys.argv[1]), "ci", {"tracking.mlflow_uri": sys.argv[2]})
+with Tracker(params, Path(sys.argv[3])).sweeping("crashed") as run_id:
+    print(run_id, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_m5_a_sweeps_parent_run_runs_while_it_runs_and_ends_with_its_outcome(tmp_path, monkeypatch, empty_store):
+    """Before: a sweep's parent MLflow run was FINISHED from its first seconds, and stayed FINISHED when the sweep
+    failed, was cancelled or crashed. Now the flow holds it RUNNING and ends it with its outcome: FINISHED when it
+    completes, FAILED with the `jagg.failure` sentence (redacted) when it fails, KILLED when it is cancelled
+    (Prefect's TerminationSignal) or interrupted, and a SIGKILLed sweep's run is marked KILLED by the next sweep.
+    The flows run here without Prefect (``.fn``), their stages stand-ins that look at the parent run mid-sweep."""
+    import signal
+
+    from prefect.exceptions import TerminationSignal
+
+    import flows.reproduce as rp
+    from jagg_core.pipeline.tracking import FAILURE_TAG
+    from jagg_core.setup.storage import PromptFileError
+
+    tracker = _sqlite_tracker(tmp_path, empty_store)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    overrides = {"tracking.mlflow_uri": uri}  # a neutral override: the profile's own folders
+
+    def sweep(name: str):
+        return tracker.client.search_runs([tracker.experiment_id], f"tags.`jagg.sweep` = '{name}' and "
+                                          f"tags.`jagg.kind` = 'sweep'")[0]
+
+    def stage(name: str) -> str:
+        """What a stage of the sweep sees of its parent run (every stage opens it: ``Tracker.sweep_run``)."""
+        return tracker.client.get_run(tracker.sweep_run(name)).info.status
+
+    seen = []
+    monkeypatch.setattr(rp, "evaluate_task", lambda params, run, name: seen.append(stage(name)))
+    monkeypatch.setattr(rp, "report_task", lambda params, name: seen.append(stage(name)) or {})
+    rp.evaluate_only.fn(profile="ci", overrides=overrides, sweep="completes")
+    assert set(seen) == {"RUNNING"} and sweep("completes").info.status == "FINISHED"
+
+    secret = "hunter2pw"
+    failure = PromptFileError(f"the prompts at http://u:{secret}@h/p cannot be read.")
+    cancel = TerminationSignal(signal.SIGTERM)  # what Prefect raises in a flow run it cancels
+    for name, error, status in (("fails", failure, "FAILED"), ("cancelled", cancel, "KILLED"),
+                                ("interrupted", KeyboardInterrupt(), "KILLED")):
+        def prepare(params, name=name, error=error):  # noqa: ANN001
+            seen.append(stage(name))
+            raise error
+
+        seen.clear()
+        monkeypatch.setattr(rp, "prepare_task", prepare)
+        with pytest.raises(type(error)):
+            rp.reproduce.fn(profile="ci", overrides=overrides, sweep=name)
+        run = sweep(name)
+        assert seen == ["RUNNING"] and run.info.status == status, (name, seen, run.info.status)
+        if status == "FAILED":
+            reason = run.data.tags[FAILURE_TAG]
+            assert "cannot be read" in reason and secret not in reason, reason
+        else:
+            assert FAILURE_TAG not in run.data.tags
+
+    # a sweep whose process is SIGKILLed: RUNNING until the next sweep (or stage) opens the store, then KILLED
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEP_HOLDER, str(PARAMS), uri, str(tmp_path)], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        crashed = proc.stdout.readline().strip()
+        assert crashed and tracker.client.get_run(crashed).info.status == "RUNNING"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    with tracker.sweeping("next"):
+        assert tracker.client.get_run(crashed).info.status == "KILLED"
+    assert sweep("next").info.status == "FINISHED"
+
+
+def test_m5_a_trainings_flow_run_tag_names_its_training_not_its_evaluation(ci_project, monkeypatch, empty_store):
+    """Before: a training's `prefect_flow_run_id` (and `dvc_stage`) named its evaluation unit, the last flow run to
+    tag it (a pool dispatches each as a flow run of its own). Now the training's tags stay its own and the
+    evaluation's go under `eval.`; the base model's run, its evaluation's own, holds both."""
+    import shutil
+    from types import SimpleNamespace
+
+    import prefect.context
+
+    from jagg_core.pipeline.tracking import Tracker
+    from jagg_core.setup.paths import Layout
+    from tasks.evaluate import evaluate
+    from tasks.train import train_run
+
+    shutil.copy(empty_store, ci_project / "mlflow.db")  # the project's default store, its tables made
+    params = load_params(ci_project / "params.yaml", "ci")
+    lay = Layout.of(params, ci_project)
+
+    def unit(flow_run: str, stage: str) -> None:
+        monkeypatch.setattr(prefect.context.FlowRunContext, "get",
+                            lambda: SimpleNamespace(flow_run=SimpleNamespace(id=flow_run)))
+        monkeypatch.setenv("DVC_STAGE", stage)
+
+    unit("train-unit", "train@jagg-s0")
+    monkeypatch.setenv("JAGG_FAULT", "run_created@0:oserror")  # stop right after the run is tagged: no worker
+    with pytest.raises(OSError, match="injected"):
+        train_run(params, lay, "jagg", 0)
+    monkeypatch.delenv("JAGG_FAULT")
+    unit("eval-unit", "evaluate@jagg-s0")
+    with pytest.raises(Exception):  # nothing to evaluate (no checkpoint): its tags are set before
+        evaluate(params, lay, "jagg-s0")
+    tracker = Tracker(params, ci_project)
+    (run,) = _runs_named(tracker, "jagg-s0")
+    assert run.data.tags["prefect_flow_run_id"] == "train-unit" and run.data.tags["dvc_stage"] == "train@jagg-s0"
+    assert run.data.tags["eval.prefect_flow_run_id"] == "eval-unit"
+    assert run.data.tags["eval.dvc_stage"] == "evaluate@jagg-s0"
+    unit("base-unit", "evaluate@base")
+    with pytest.raises(Exception):  # stopped after its run is tagged, before any model loads
+        monkeypatch.setattr("jagg_core.evaluation.evaluate.evaluate_run",
+                            lambda *a, **k: (_ for _ in ()).throw(OSError("stop")))
+        evaluate(params, lay, "base")
+    (base,) = _runs_named(tracker, "base")
+    assert base.data.tags["prefect_flow_run_id"] == base.data.tags["eval.prefect_flow_run_id"] == "base-unit"

@@ -188,37 +188,106 @@ class Tracker:
                 delay = min(delay * 2, 5.0)
         raise AssertionError("unreachable")
 
-    def _find(self, tags: Mapping[str, str]) -> str | None:
+    def _search(self, tags: Mapping[str, str], *, oldest_first: bool = False, max_results: int = 1,
+                status: str | None = None) -> list:
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-        runs = self._call(lambda: self.client.search_runs([self.experiment_id], query, max_results=1), "search runs")
+        if status is not None:
+            query += f" and attributes.status = '{status}'"
+        order = ["attributes.start_time ASC"] if oldest_first else None
+        return self._call(lambda: self.client.search_runs([self.experiment_id], query, max_results=max_results,
+                                                          order_by=order), "search runs")
+
+    def _find(self, tags: Mapping[str, str]) -> str | None:
+        runs = self._search(tags)
         return runs[0].info.run_id if runs else None
 
+    @property
+    def outputs(self) -> str:
+        """The folder name of this profile's runs, checkpoints and evaluations (``outputs``, else the profile)."""
+        return self.params.outputs or self.params.profile
+
     def sweep_run(self, sweep: str) -> str:
-        """The parent run of a sweep (created on first use)."""
+        """The parent run of a sweep (created on first use). A stage on its own (`dvc repro`, `jagg train`) only
+        groups its run under it: created FINISHED, nothing runs in it. A flow's sweep holds it RUNNING while it runs
+        and ends it with its own outcome (:meth:`sweeping`). Sweep runs left RUNNING by a sweep whose process is gone
+        (a SIGKILLed `jagg run`, a worker killed under its flow run) are marked KILLED here (:meth:`reap_sweeps`)."""
         check_sweep_name(sweep, self.params)
-        tags = {"jagg.kind": "sweep", "jagg.sweep": sweep, "jagg.profile": self.params.profile}
-        run_id = self._find(tags)
+        self.reap_sweeps()
+        run_id = self._find(self._sweep_tags(sweep))
         if run_id is None:
-            run = self._call(lambda: self.client.create_run(self.experiment_id, tags={
-                **tags, "mlflow.runName": f"{self.params.profile} sweep {sweep}",
-                **self._source_tags()}), "create the sweep run")
-            run_id = run.info.run_id
-            # A sweep's run only groups its runs (they point to it): nothing runs in it, so it is never left RUNNING
-            # by whatever ends the command that made it (a killed `jagg run`).
+            run_id = self._create_sweep_run(sweep)
+            # Nothing runs in it: it is never left RUNNING by whatever ends the command that made it.
             self.finish(run_id)
         return run_id
 
+    def _sweep_tags(self, sweep: str) -> dict[str, str]:
+        return {"jagg.kind": "sweep", "jagg.sweep": sweep, "jagg.profile": self.params.profile}
+
+    def _create_sweep_run(self, sweep: str, owned: bool = False) -> str:
+        tags = {**self._sweep_tags(sweep), "mlflow.runName": f"{self.params.profile} sweep {sweep}",
+                **self._source_tags()}
+        if owned:
+            tags.update({OWNER_TAG: owner_id(), HEARTBEAT_TAG: f"{time.time():.0f}"})
+        return self._call(lambda: self.client.create_run(self.experiment_id, tags=tags).info.run_id,
+                          "create the sweep run")
+
+    def reap_sweeps(self) -> list[str]:
+        """Sweep runs left RUNNING by a sweep whose process no longer runs (or, another host's, whose heartbeat is
+        stale: :func:`owner_gone`) are marked KILLED; returns their ids."""
+        found = self._search({"jagg.kind": "sweep"}, status="RUNNING", max_results=100)
+        reaped = []
+        for r in found:
+            owner = r.data.tags.get(OWNER_TAG)
+            if owner and owner != owner_id() and owner_gone(r):
+                self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
+                self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
+                log.warning("MLflow: sweep %s's run %s was left RUNNING by process %s, which is gone; marked KILLED",
+                            r.data.tags.get("jagg.sweep", "?"), r.info.run_id, _shown_owner(owner))
+                reaped.append(r.info.run_id)
+        return reaped
+
+    @contextlib.contextmanager
+    def sweeping(self, sweep: str) -> Iterator[str]:
+        """A flow's sweep: its parent run RUNNING while the block runs (owned by this process, its heartbeat renewed)
+        and ended with it: FINISHED when the block completes, FAILED (tagged ``jagg.failure``, the error's sentence
+        redacted) on an error, KILLED on Ctrl-C, SIGTERM or a cancellation. A sweep of the same name that another live
+        process runs keeps its run: this one joins it and leaves the run to its owner to end."""
+        check_sweep_name(sweep, self.params)
+        self.reap_sweeps()
+        run_id = self._find(self._sweep_tags(sweep))
+        if run_id is None:
+            run_id = self._create_sweep_run(sweep, owned=True)
+        elif not self.claim(run_id):
+            log.info("MLflow: sweep %s's run %s is RUNNING under %s: this sweep joins it", sweep, run_id,
+                     self.owner_of(run_id))
+            yield run_id
+            return
+        with self.ending(run_id), self.heartbeat(run_id):
+            yield run_id
+        self.finish(run_id)
+
     def child_run(self, sweep: str, run: str, *, method: str | None, seed: int | None, key: str,
-                  extra_tags: Mapping[str, str] | None = None) -> str:
-        """The run of ``run`` (``<method>-s<seed>`` or ``base``) in ``sweep``, keyed by ``key`` (its fingerprint)."""
+                  extra_tags: Mapping[str, str] | None = None, per_sweep: bool = False) -> str:
+        """The run of ``run`` (``<method>-s<seed>`` or ``base``), keyed by ``key`` (its fingerprint), grouped under
+        ``sweep``.
+
+        A run is who it is on disk: its profile, its outputs folder, its name and its fingerprint — not the sweep
+        that asks for it. A sweep run again (a new flow run, a new name) adopts the run a training already has, its
+        curve and checkpoints with it, and points it to the new sweep; runs of one name and params in two outputs
+        folders are two runs. With ``per_sweep`` (a benchmark's run, whose result is the sweep's own), the sweep is
+        part of who it is."""
         parent = self.sweep_run(sweep)
-        tags = {"jagg.kind": "run", "jagg.sweep": sweep, "jagg.run": run, "jagg.key": key}
+        identity = {"jagg.kind": "run", "profile": self.params.profile, "jagg.outputs": self.outputs,
+                    "jagg.run": run, "jagg.key": key}
+        if per_sweep:
+            identity["jagg.sweep"] = sweep
         self.reap(run)  # runs of this name left RUNNING by a process that is gone (a SIGKILLed `jagg run`): KILLED
-        run_id = self._find(tags)
+        found = self._search(identity, oldest_first=True)  # the oldest: a duplicate from before holds less
+        run_id = found[0].info.run_id if found else self._legacy(identity)
         if run_id is None:
             # Not nested under the parent (MLflow's UI would show one collapsed row and empty charts until a user
             # expands it): every run is a row of its own, side by side; `jagg.parent_run` points to the sweep's run.
-            all_tags = {**tags, "jagg.parent_run": parent, "mlflow.runName": run, "profile": self.params.profile,
+            all_tags = {**identity, "jagg.sweep": sweep, "jagg.parent_run": parent, "mlflow.runName": run,
                         OWNER_TAG: owner_id(), HEARTBEAT_TAG: f"{time.time():.0f}", **self._source_tags(),
                         **(extra_tags or {})}
             if method is not None:
@@ -229,9 +298,26 @@ class Tracker:
                                 "create a run")
             with self.ending(run_id):  # a signal or an error before the caller holds the id: the run ends too
                 self.log_params(run_id, self.params.masked())  # a plugin's secret options `***`, the rest below
-        elif extra_tags:
-            self.set_tags(run_id, extra_tags)  # one call for them all
+        else:
+            # Adopted (by this sweep or a later one): it points to the sweep that asks for it now, in one call.
+            self.set_tags(run_id, {"jagg.sweep": sweep, "jagg.parent_run": parent, "jagg.outputs": self.outputs,
+                                   **(extra_tags or {})})
         return run_id
+
+    def _legacy(self, identity: Mapping[str, str]) -> str | None:
+        """A run made before its outputs folder was part of who it is (no ``jagg.outputs`` tag), which this one is:
+        its last checkpoint (``jagg.checkpoint``) in this outputs folder, or, without one, the profile's own folder;
+        the oldest of them. None if there is none."""
+        old = {k: v for k, v in identity.items() if k != "jagg.outputs"}
+        prefix = f"checkpoints/{self.outputs}/{identity['jagg.run']}/"
+        for r in self._search(old, oldest_first=True, max_results=50):
+            tags = r.data.tags
+            if "jagg.outputs" in tags:
+                continue
+            checkpoint = tags.get("jagg.checkpoint")
+            if (checkpoint.startswith(prefix) if checkpoint else self.outputs == self.params.profile):
+                return r.info.run_id
+        return None
 
     def _source_tags(self) -> dict[str, str]:
         """The commit under MLflow's own key (the UI shows it) and ours."""
@@ -403,12 +489,14 @@ class Tracker:
     @contextlib.contextmanager
     def ending(self, run_id: str, *, only_running: bool = False) -> Iterator[None]:
         """Whatever ends the block, the run ends too: KILLED on Ctrl-C or SIGTERM (a KeyboardInterrupt, as
-        ``tasks.launch.Interrupted``), FAILED on any error; never left RUNNING. With ``only_running``, a run that is
+        ``tasks.launch.Interrupted``), an exit, Prefect's ``TerminationSignal`` or a cancellation (whatever is not an
+        ``Exception``), FAILED on any error; never left RUNNING. With ``only_running``, a run that is
         not RUNNING (a training run evaluated afterwards: FINISHED) keeps its status."""
         try:
             yield
         except BaseException as e:
-            status = "KILLED" if isinstance(e, (KeyboardInterrupt, SystemExit)) else "FAILED"
+            # Ctrl-C, SIGTERM, an exit, Prefect's TerminationSignal or a cancellation (none an Exception): KILLED
+            status = "FAILED" if isinstance(e, Exception) else "KILLED"
             try:
                 run = self.client.get_run(run_id)
                 owner = run.data.tags.get(OWNER_TAG)
