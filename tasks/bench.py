@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     windows, fracs = ",".join(map(str, d.windows)), ",".join(f"{x:g}" for x in d.fracs)
     ap.add_argument("--windows", default=windows, help=f"group sizes W, comma-separated (default {windows})")
     ap.add_argument("--fracs", default=fracs, help=f"jagg_frac values, comma-separated (default {fracs})")
+    ap.add_argument("--variants", default="",
+                    help="only these variants beside exact, comma-separated, e.g. jagg-joint,jagg-sequential "
+                         "(default: every one)")
     ap.add_argument("--repeats", type=int, default=d.repeats, help=f"timed rounds after one warm-up (default {d.repeats})")
     ap.add_argument("--batch", type=int, default=d.batch, help=f"images per micro-batch (default {d.batch})")
     ap.add_argument("--steps", type=int, default=d.steps, help=f"trained steps T, a multiple of every W (default {d.steps})")
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = BenchConfig(windows=parse_list("--windows", args.windows, int, windows),
                       fracs=parse_list("--fracs", args.fracs, float, fracs), repeats=args.repeats,
                       batch=args.batch, steps=args.steps, threads=threads, memory=not args.no_memory,
-                      comm=not args.no_comm)
+                      comm=not args.no_comm, variants=parse_list("--variants", args.variants, str, "jagg-joint"))
     bench(params, cfg, models=models, profile=bool(args.profile), out=args.out, write_docs=args.write_docs,
           mlflow=not args.no_mlflow, params_path=args.params, sweep=args.sweep, main_job=args.main_job)
     return 0

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from jagg_core.bench import BenchConfig, model_spec
+from jagg_core.bench.timing import plan_cells
 from jagg_core.setup.params_io import load_params
 from tasks.bench import bench, main
 
@@ -180,6 +181,16 @@ def test_fidelity_by_anchors(tiny):
     assert fid["anchors"]["4"]["cos_jagg"] == pytest.approx([1.0, 1.0], abs=1e-5)  # K = W is exact
 
 
+def test_plan_cells_of_chosen_variants():
+    """--variants keeps exact (every speedup's baseline) and only the named variants, at every W and jagg_frac."""
+    keys = [c.key for c in plan_cells((4, 8), (0.5, 1.0), (2, 3, 4), ("jagg-sequential", "jagg-joint"))]
+    assert keys == ["exact", *(f"{v}/W{w}/frac{f:g}" for w in (4, 8) for f in (0.5, 1.0)
+                               for v in ("jagg-joint", "jagg-sequential"))]
+    every = {c.key for c in plan_cells((4, 8), (1.0,), (2, 3, 4))}
+    assert {c.key for c in plan_cells((4, 8), (1.0,), (2, 3, 4), ())} == every
+    assert {"exact-batched/W8", "jagg-k4/W8/frac1", "jagg-unbiased/W8/frac1"} <= every
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--windows", "2,4,8", "--steps", "12"], "--steps 12 must be a multiple of every window (here 8)"),
     (["--windows", "2,x"], "--windows '2,x' must be a comma-separated list of ints"),
@@ -188,6 +199,7 @@ def test_fidelity_by_anchors(tiny):
     (["--repeats", "0"], "--repeats 0 must be at least 1"),
     (["--model", "huge"], "--model 'huge' is not one of toy, large, both"),
     (["--model", "toy", "--profile", "toy"], "give one of them"),
+    (["--variants", "jagg-joint,jagg-seq"], "--variants 'jagg-seq' is not a variant timed beside exact"),
 ])
 def test_cli_errors_are_one_sentence(argv, needle, capsys, tmp_path):
     assert main([*argv, "--no-mlflow", "--out", str(tmp_path / "out")]) == 1

@@ -50,9 +50,11 @@ class Cell:
         return f"{self.variant}/W{self.window}/frac{self.jagg_frac:g}"
 
 
-def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence[int]) -> list[Cell]:
+def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence[int],
+               variants: Sequence[str] = ()) -> list[Cell]:
     """Exact once (per step, W does not matter); per W exact-batched and, per jagg_frac, the registered variants; and
-    K-anchor JAGG (K > 2) and the unbiased JAGG (a random anchor per image) at the largest W."""
+    K-anchor JAGG (K > 2) and the unbiased JAGG (a random anchor per image) at the largest W. ``variants``: only
+    these beside exact (empty: every one)."""
     w_max = max(windows)
     names = ["jagg-joint", "jagg-sequential", "ablate", "jagg-reuse"]
     cells = [Cell("exact", w_max, None)]
@@ -61,7 +63,7 @@ def plan_cells(windows: Sequence[int], fracs: Sequence[float], anchors: Sequence
         extra = [*(f"jagg-k{k}" for k in anchors if k > 2), "jagg-unbiased"] if w == w_max else []
         for frac in fracs:
             cells += [Cell(n, w, frac) for n in names + extra if fits(n, w)]
-    return cells
+    return [c for c in cells if not variants or c.variant == "exact" or c.variant in variants]
 
 
 def summarize(samples: Sequence[float]) -> dict:
