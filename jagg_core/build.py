@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from .setup.config import Params, ParamsError
 from .setup.paths import Layout
@@ -11,13 +11,18 @@ from .policies import load_policy
 from .policies.diffusers_common import check_model_dir, resolve_model_dir
 from .rewards import make_weighted_reward
 
+if TYPE_CHECKING:
+    import torch
+
 __all__ = ["DTYPES", "check_model_files", "pick_device", "policy_from_params", "reward_from_params"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # model.dtype: torch's names (torch is imported where a dtype is made)
 
 
 def pick_device(params: Params) -> torch.device:
     """``resources.device``: cpu, cuda, or auto (cuda when one is visible)."""
+    import torch
+
     want = params.resources.device
     if want == "cuda" and not torch.cuda.is_available():
         raise ParamsError("resources.device is 'cuda' but no CUDA device is visible; set it to 'auto' or 'cpu'.")
@@ -26,13 +31,16 @@ def pick_device(params: Params) -> torch.device:
 
 def policy_from_params(params: Params, layout: Layout, device: torch.device):
     """The policy of ``params.model`` (the toy base model defaults to the pretrain stage's output)."""
+    import torch
+
     options = dict(params.model.options)
     lora = params.model.lora
     if lora.rank > 0:
         options["lora"] = {"rank": lora.rank, "alpha": lora.alpha or lora.rank, "dropout": lora.dropout,
                            "target_modules": list(lora.target_modules)}
     path = params.model.path or (str(layout.base_model) if params.is_toy else None)
-    return load_policy(params.model.backbone, path, device=device, dtype=DTYPES[params.model.dtype], options=options)
+    return load_policy(params.model.backbone, path, device=device, dtype=getattr(torch, params.model.dtype),
+                       options=options)
 
 
 def check_model_files(params: Params, layout: Layout) -> None:

@@ -10,14 +10,17 @@ from __future__ import annotations
 import abc
 import contextlib
 import copy
+import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import UserError, sentence
-from ..schedules import Schedule
 from ..setup.registry import BackboneSpec, PluginError, add, backbone_names, backbone_spec
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = [
     "PolicyError",
@@ -43,6 +46,8 @@ class PromptEmbeds:
         return next(iter(self.tensors.values())).shape[0]
 
     def __getitem__(self, index: int | slice | torch.Tensor | Sequence[int]) -> "PromptEmbeds":
+        import torch
+
         if isinstance(index, int):
             index = slice(index, index + 1)
         elif not isinstance(index, slice):
@@ -56,6 +61,8 @@ class PromptEmbeds:
 
     @staticmethod
     def cat(parts: Sequence["PromptEmbeds"]) -> "PromptEmbeds":
+        import torch
+
         keys = parts[0].tensors.keys()
         return PromptEmbeds({k: torch.cat([p.tensors[k] for p in parts]) for k in keys})
 
@@ -95,6 +102,8 @@ class Policy(abc.ABC):
 
     def initial_noise(self, batch: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """z_0 ~ N(0, I) of shape (batch, *latent_shape) in float32 on the policy's device."""
+        import torch
+
         device = generator.device if generator is not None else self.device
         noise = torch.randn((batch, *self.latent_shape()), generator=generator, device=device, dtype=torch.float32)
         return noise.to(self.device)
@@ -140,6 +149,20 @@ class Policy(abc.ABC):
             yield
 
 
+def no_grad(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``@torch.no_grad()`` with torch imported when ``method`` runs: a backbone's module registers it (validating a
+    params file imports every backbone's module) without importing torch."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return method(*args, **kwargs)
+
+    return wrapper
+
+
 def register_backbone(name: str, **facts: Any) -> Callable[[Callable[..., Policy]], Callable[..., Policy]]:
     """Decorator: register ``factory(path, *, device, dtype, options) -> Policy`` under ``name`` with its spec's
     ``facts`` (:class:`jagg_core.setup.registry.BackboneSpec`: ``options`` at least)."""
@@ -160,12 +183,16 @@ def load_policy(
     path: str | None,
     *,
     device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     options: Mapping[str, Any] | None = None,
 ) -> Policy:
-    """Build the policy of ``backbone`` from the weights at ``path`` (a local folder or an HF-cache hub id)."""
+    """Build the policy of ``backbone`` from the weights at ``path`` (a local folder or an HF-cache hub id), in
+    ``dtype`` (default float32)."""
+    import torch
+
     try:
         spec = backbone_spec(backbone)
     except PluginError as e:
         raise PolicyError(sentence(e)) from None
-    return spec.factory(path, device=torch.device(device), dtype=dtype, options=dict(options or {}))
+    return spec.factory(path, device=torch.device(device),
+                        dtype=torch.float32 if dtype is None else dtype, options=dict(options or {}))

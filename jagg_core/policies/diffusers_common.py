@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-
-from ..schedules import Schedule, flow_match_schedule, resolution_mu
 from ..setup.storage import read_text
 from .base import PolicyError
 from .lora import DEFAULT_TARGET_MODULES, apply_lora
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = [
     "MODEL",
@@ -42,24 +44,26 @@ __all__ = [
 # A component folder holds a model, a tokenizer or a scheduler config; each kind is checked differently.
 MODEL, TOKENIZER, SCHEDULER = "model", "tokenizer", "scheduler"
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+_DTYPES = {  # name -> torch's (torch is imported where a dtype is made)
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
 }
 
 
 def parse_dtype(value: str | torch.dtype) -> torch.dtype:
     """``"bf16"``/``"bfloat16"``/``torch.bfloat16`` → ``torch.bfloat16`` (likewise fp16, fp32)."""
+    import torch
+
     if isinstance(value, torch.dtype):
         return value
     key = str(value).lower().removeprefix("torch.")
     if key not in _DTYPES:
         raise PolicyError(f"unknown dtype {value!r}; use one of {', '.join(_DTYPES)}.")
-    return _DTYPES[key]
+    return getattr(torch, _DTYPES[key])
 
 
 def _download_hint(hub_id: str) -> str:
@@ -175,6 +179,8 @@ def load_text_encoders(
     Encoding through the pipeline's own ``encode_prompt`` keeps templates, truncation and pooling exactly as
     diffusers samples.
     """
+    import torch
+
     try:
         pipe = pipeline_cls.from_pretrained(folder, transformer=None, vae=None, dtype=dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as e:
@@ -272,6 +278,9 @@ def pipeline_schedule(config: Mapping[str, Any], num_steps: int, *, image_seq_le
     Dynamic (resolution) shifting when ``use_dynamic_shifting``, else the static ``shift``; then, where the config
     sets ``shift_terminal`` (Qwen-Image: 0.02), diffusers' ``stretch_shift_to_terminal``.
     """
+    from ..schedules import Schedule, flow_match_schedule, resolution_mu
+    import torch
+
     mu = None
     if config.get("use_dynamic_shifting"):
         mu = resolution_mu(

@@ -10,11 +10,9 @@ transformer, LoRA or full fine-tune, the negative prompt of true classifier-free
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
-import torch
-
-from .base import Policy, PromptEmbeds, register_backbone
+from .base import Policy, PromptEmbeds, no_grad, register_backbone
 from .diffusers_common import (
     MODEL,
     SCHEDULER,
@@ -27,6 +25,9 @@ from .diffusers_common import (
     read_options,
     resolve_model_dir,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DiffusersPolicy", "diffusers_backbone"]
 
@@ -115,7 +116,7 @@ class DiffusersPolicy(Policy):
         """The prompts' tensors, one per name of ``embeds``, batch first."""
         raise NotImplementedError
 
-    @torch.no_grad()
+    @no_grad
     def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
         tensors = dict(zip(self.embeds, self._encode(list(prompts))))
         if self.true_cfg and self.do_cfg:

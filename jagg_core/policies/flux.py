@@ -7,18 +7,20 @@ negative prompt), as in DanceGRPO and Flow-GRPO's Flux runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
-import torch
-
-from ..schedules import Schedule, fixed_shift_schedule
 from ..setup.options import DIFFUSERS_COMMON, Shift
 from ..setup.registry import CostFacts
-from .base import PolicyError, PromptEmbeds
+from .base import PolicyError, PromptEmbeds, no_grad
 from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
     read_config, to_unit_images
 from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_flux
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = ["FluxPolicy", "pack_latents", "unpack_latents"]
 
@@ -57,6 +59,8 @@ def unpack_latents(latents: torch.Tensor, h: int, w: int) -> torch.Tensor:
 
 def image_ids(h: int, w: int) -> torch.Tensor:
     """(h/2 · w/2, 3) rotary position ids of the packed tokens: (0, row, column)."""
+    import torch
+
     ids = torch.zeros(h // 2, w // 2, 3)
     ids[..., 1] = torch.arange(h // 2)[:, None]
     ids[..., 2] = torch.arange(w // 2)[None, :]
@@ -99,12 +103,16 @@ class FluxPolicy(DiffusersPolicy):
         return ((self.latent_h // 2) * (self.latent_w // 2), self.latent_channels * 4)
 
     def schedule(self, num_steps: int) -> Schedule:
+        from ..schedules import fixed_shift_schedule
+
         if self.shift is not None:
             return fixed_shift_schedule(num_steps, self.shift)
         image_seq_len = (self.latent_h // 2) * (self.latent_w // 2)
         return pipeline_schedule(self.scheduler_config, num_steps, image_seq_len=image_seq_len, spacing="flux")
 
     def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        import torch
+
         b = latents.shape[0]
         prompt_embeds = embeds.tensors["prompt_embeds"].to(self.device)
         # FluxPipeline: timestep cast to the latents' dtype, then t/1000 (the transformer multiplies by 1000 again).
@@ -126,7 +134,7 @@ class FluxPolicy(DiffusersPolicy):
         )[0]
         return out.float()  # (B, tokens, 4C)
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         config = self.vae.config
         latents = unpack_latents(latents.to(self.device), self.latent_h, self.latent_w)  # (B, C, h, w)

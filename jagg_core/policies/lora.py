@@ -7,11 +7,12 @@ model back, which is what :meth:`Policy.reference` uses for the KL term. Checkpo
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .base import PolicyError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["DEFAULT_TARGET_MODULES", "apply_lora", "load_trainable_state_dict", "trainable_state_dict"]
 
@@ -66,6 +67,8 @@ def apply_lora(
 
 def _unwrap_ddp(module: torch.nn.Module) -> torch.nn.Module:
     # DDP prefixes every name with "module."; checkpoints must not depend on how the trainer wrapped the model.
+    import torch
+
     if isinstance(module, torch.nn.parallel.DistributedDataParallel):
         return module.module
     return module
@@ -86,6 +89,8 @@ def trainable_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def load_trainable_state_dict(module: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy ``state`` (from :func:`trainable_state_dict`) into the trainable parameters of ``module``, all or none."""
+    import torch
+
     module = _unwrap_ddp(module)
     params = {name: p for name, p in module.named_parameters() if p.requires_grad}
     missing = sorted(set(params) - set(state))

@@ -11,19 +11,21 @@ call (one forward per ``velocity``, as DDP wants), then combine as the pipeline 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-
-from ..schedules import Schedule
 from ..setup.options import DIFFUSERS_COMMON
 from ..setup.registry import CostFacts
-from .base import PromptEmbeds
+from .base import PromptEmbeds, no_grad
 from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
     read_config, to_unit_images
 from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .flux import unpack_latents
 from .tiny import build_qwenimage
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = ["QwenImagePolicy"]
 
@@ -48,6 +50,8 @@ COST = CostFacts(
 
 def _pad(embeds: torch.Tensor, mask: torch.Tensor | None, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, L, D), (B, L) or None → (B, length, D) zero-padded and its (B, length) long mask."""
+    import torch
+
     b, n, d = embeds.shape
     if mask is None:  # the pipeline drops an all-ones mask
         mask = torch.ones(b, n, dtype=torch.long, device=embeds.device)
@@ -82,6 +86,8 @@ class QwenImagePolicy(DiffusersPolicy):
     def _loaded(self, opts: Mapping[str, Any]) -> None:
         # The last block's text-stream output is discarded, so its output projection and text MLP never get a
         # gradient; freezing them lets DDP run without find_unused_parameters.
+        import torch
+
         for name, p in self.transformer.named_parameters():
             if self._last_block in name and (".attn.to_add_out." in name or ".txt_mlp." in name):
                 p.requires_grad_(False)
@@ -102,6 +108,8 @@ class QwenImagePolicy(DiffusersPolicy):
         return pipeline_schedule(self.scheduler_config, num_steps, image_seq_len=image_seq_len, spacing="flux")
 
     def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        import torch
+
         b = latents.shape[0]
         x = latents.to(self.device, self.dtype)
         # QwenImagePipeline: timestep cast to the latents' dtype, then t/1000.
@@ -129,7 +137,7 @@ class QwenImagePolicy(DiffusersPolicy):
         combined = uncond + self.guidance_scale * (cond - uncond)
         return combined * (cond.norm(dim=-1, keepdim=True) / combined.norm(dim=-1, keepdim=True))
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         # Packed exactly as Flux; the VAE is a video VAE: one frame.
         latents = unpack_latents(latents.to(self.device), self.latent_h, self.latent_w).unsqueeze(2)  # (B, C, 1, h, w)

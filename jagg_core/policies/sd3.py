@@ -8,18 +8,20 @@ one forward (and one DDP/FSDP pass).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-
-from ..schedules import Schedule
 from ..setup.options import DIFFUSERS_COMMON
 from ..setup.registry import CostFacts
-from .base import PromptEmbeds
+from .base import PromptEmbeds, no_grad
 from .diffusers_common import check_image_size, load_scheduler_config, pipeline_schedule, \
     read_config, to_unit_images
 from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_sd3
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = ["SD3Policy"]
 
@@ -80,6 +82,8 @@ class SD3Policy(DiffusersPolicy):
         return pipeline_schedule(self.scheduler_config, num_steps, image_seq_len=image_seq_len, spacing="sd3")
 
     def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        import torch
+
         b = latents.shape[0]
         x = latents.to(self.device, self.dtype)
         t = timesteps.to(device=self.device, dtype=torch.float32).expand(b)  # SD3 takes t in [0, 1000] as is
@@ -101,7 +105,7 @@ class SD3Policy(DiffusersPolicy):
         uncond, cond = out.chunk(2)
         return uncond + self.guidance_scale * (cond - uncond)
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         config = self.vae.config
         latents = latents.to(self.device) / config.scaling_factor + (config.shift_factor or 0.0)

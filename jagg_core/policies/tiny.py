@@ -17,7 +17,6 @@ import string
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 __all__ = ["FluxShape", "IMAGE_SIZE", "WanShape", "build_flux", "build_qwenimage", "build_sd3",
            "build_wan", "clip_encoder", "clip_tokenizer", "kl_vae", "qwen_tokenizer", "rope_axes", "t5_encoder",
@@ -144,6 +143,7 @@ def rope_axes(head_dim: int) -> tuple[int, int, int]:
 def build_flux(folder: str | Path, shape: FluxShape = FluxShape(), *, seed: int = 0) -> Path:
     """A FLUX.1-dev-shaped pipeline: CLIP pooled + T5 sequence, 2×2-packed latents, guidance embedding, FLUX.1-dev's
     scheduler config."""
+    import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
     torch.manual_seed(seed)
@@ -175,6 +175,7 @@ def build_flux(folder: str | Path, shape: FluxShape = FluxShape(), *, seed: int 
 
 def build_sd3(folder: str | Path) -> Path:
     """An SD3.5-shaped pipeline: two CLIPs with projection + T5, 2×2-patch transformer, static shift 3."""
+    import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
     torch.manual_seed(0)
@@ -209,6 +210,7 @@ def build_sd3(folder: str | Path) -> Path:
 
 def build_qwenimage(folder: str | Path) -> Path:
     """A Qwen-Image-shaped pipeline: Qwen2.5-VL text encoder, 3-D causal VAE with latents mean/std, shift_terminal."""
+    import torch
     from diffusers import (
         AutoencoderKLQwenImage,
         FlowMatchEulerDiscreteScheduler,
@@ -311,6 +313,7 @@ WAN_FRAMES, WAN_SIZE = 5, 16
 def build_wan(folder: str | Path, shape: WanShape = WanShape(), *, seed: int = 0) -> Path:
     """A Wan2.1-T2V-shaped pipeline: UMT5 text encoder, a causal 3-D VAE, a WanTransformer3DModel with 1×2×2 patches,
     and the UniPC flow scheduler Wan ships with."""
+    import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 

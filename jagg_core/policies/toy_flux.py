@@ -13,15 +13,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import torch
-
-from ..schedules import Schedule, flow_match_schedule
 from ..setup.options import LORA, Scale
 from ..setup.storage import atomic_write_text, read_text
-from .base import Policy, PolicyError, PromptEmbeds, register_backbone
+from .base import Policy, PolicyError, PromptEmbeds, no_grad, register_backbone
 from .lora import apply_lora
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = ["ToyFluxPolicy", "ToyFluxShape", "build_toy_flux", "build_tokenizer", "pack", "unpack"]
 
@@ -85,6 +87,7 @@ class ToyFluxShape:
 
 def build_toy_flux(vocabulary: Sequence[str], shape: ToyFluxShape = ToyFluxShape()):
     """Fresh (random) transformer, text encoder and tokenizer of the toy policy of ``shape``."""
+    import torch
     from diffusers import FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
@@ -139,6 +142,8 @@ def save_toy_flux(folder: str | Path, transformer, text_encoder, tokenizer, geom
 
 class ToyFluxPolicy(Policy):
     def __init__(self, transformer, text_encoder, tokenizer, geometry: Mapping[str, Any], *, device, dtype):
+        import torch
+
         self.device = torch.device(device)
         self.dtype = dtype
         self.transformer = transformer.to(self.device)
@@ -162,9 +167,11 @@ class ToyFluxPolicy(Policy):
         return (side * side, 3 * self.patch_size**2)
 
     def schedule(self, num_steps: int) -> Schedule:
+        from ..schedules import flow_match_schedule
+
         return flow_match_schedule(num_steps, shift=1.0, spacing="flux")
 
-    @torch.no_grad()
+    @no_grad
     def _encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         ids = self.tokenizer(
             list(prompts), padding="max_length", max_length=self.max_text_length, truncation=True,
@@ -173,7 +180,7 @@ class ToyFluxPolicy(Policy):
         out = self.text_encoder(input_ids=ids)
         return out.last_hidden_state.to(self.dtype), out.pooler_output.to(self.dtype)
 
-    @torch.no_grad()
+    @no_grad
     def encode_prompts(self, prompts: Sequence[str]) -> PromptEmbeds:
         embeds, pooled = self._encode(prompts)
         tensors = {"prompt_embeds": embeds, "pooled": pooled}
@@ -196,6 +203,8 @@ class ToyFluxPolicy(Policy):
         )[0]
 
     def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        import torch
+
         t = embeds.tensors
         if self.guidance_scale != 1.0:
             # Classifier-free guidance in one batched call: [conditional; unconditional].
@@ -213,7 +222,7 @@ class ToyFluxPolicy(Policy):
         sigma = (timesteps.float() / self.num_train_timesteps).clamp_min(1e-3).view(-1, *([1] * (latents.ndim - 1)))
         return (latents.float() - out) / sigma
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         images = unpack(latents.float(), self.patch_size, self.image_size, self.image_size)
         return ((images + 1.0) / 2.0).clamp(0.0, 1.0)

@@ -16,17 +16,19 @@ The schedule is the fixed-shift one of the published GRPO recipes for Wan (``T +
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-
-from ..schedules import Schedule, fixed_shift_schedule
 from ..setup.options import DIFFUSERS_COMMON, Frames, Shift
 from ..setup.registry import CostFacts
-from .base import PolicyError, PromptEmbeds
+from .base import PolicyError, PromptEmbeds, no_grad
 from .diffusers_common import check_image_size, read_config, to_unit_images
 from .diffusers_policy import DiffusersPolicy, diffusers_backbone
 from .tiny import build_wan
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..schedules import Schedule
 
 __all__ = ["WanPolicy", "WAN_LORA_TARGETS", "FSDP_BLOCK"]
 
@@ -91,6 +93,8 @@ class WanPolicy(DiffusersPolicy):
         return lora
 
     def _loaded(self, opts: Mapping[str, Any]) -> None:
+        import torch
+
         if opts["vae_tiling"]:
             self.vae.enable_tiling()
         z = self.vae.config.z_dim
@@ -108,9 +112,13 @@ class WanPolicy(DiffusersPolicy):
         return (self.latent_channels, self.latent_frames, self.latent_h, self.latent_w)
 
     def schedule(self, num_steps: int) -> Schedule:
+        from ..schedules import fixed_shift_schedule
+
         return fixed_shift_schedule(num_steps, self.shift)
 
     def velocity(self, latents: torch.Tensor, timesteps: torch.Tensor, embeds: PromptEmbeds) -> torch.Tensor:
+        import torch
+
         b = latents.shape[0]
         x = latents.to(self.device, self.dtype)
         t = timesteps.to(device=self.device, dtype=torch.float32).expand(b)  # Wan takes t in [0, 1000] as is
@@ -125,7 +133,7 @@ class WanPolicy(DiffusersPolicy):
         cond, uncond = out.chunk(2)
         return uncond + self.guidance_scale * (cond - uncond)
 
-    @torch.no_grad()
+    @no_grad
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents (B, C, F', h, w) → clips (B, F, 3, H, W) float32 in [0, 1]."""
         latents = latents.to(self.device)
