@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequence
 
 from ..errors import UserError, sentence
 from ..setup.registry import PluginError, RewardSpec, add, reward_names, reward_spec
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "REWARD_KINDS",
@@ -155,6 +156,8 @@ def checked_scores(name: str, origin: str, answer: Any, n: int, kind: str = "poi
     the float it means). A NaN or an infinity stops the run, as a served reward's does (its server's answer is checked
     in :mod:`.served`): an update computed from it is skipped anyway, and a reward that always answers NaN used to skip
     every update and end FINISHED with checkpoints of the untrained model."""
+    import torch
+
     who = f"reward {name!r} ({kind})"
     where = f" ({name!r} is registered by {origin})" if origin and origin != name else ""
     what = "a group" if kind == "groupwise" else "a batch"
@@ -190,6 +193,8 @@ def loaded_rewards() -> list[RewardFn]:
 def rewards_off_device(fns: Iterable[RewardFn]) -> Iterator[None]:
     """Move the networks of ``fns`` (``fn.modules``) that sit on an accelerator to the CPU for the duration of the
     block, then back where they were: the GPU memory goes to what runs in the block (e.g. generation)."""
+    import torch
+
     moved: list[tuple[torch.nn.Module, torch.device]] = []
     for fn in fns:
         for module in getattr(fn, "modules", ()):

@@ -18,11 +18,12 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from .base import RewardError, RewardFn
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "DTYPES",
@@ -42,7 +43,7 @@ __all__ = [
     "hf_clip_reward",
 ]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch's names (torch is imported where a dtype is made)
 
 # CLIP's BPE is byte-level: any real vocabulary holds at least its 256 byte symbols. The empty tokenizer offline
 # transformers returns for a hub id it cannot fetch has 2 tokens.
@@ -148,11 +149,13 @@ def check_tokenizer(n_tokens: int, value: Any, published: Published) -> None:
 
 
 def parse_dtype(dtype: str | torch.dtype, option: str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+    import torch
+
+    if isinstance(dtype, torch.dtype) and str(dtype).removeprefix("torch.") in DTYPES:
         return dtype
     if dtype not in DTYPES:
         raise RewardError(f"{option} must be one of {', '.join(DTYPES)}, got {dtype!r}.")
-    return DTYPES[dtype]
+    return getattr(torch, dtype)
 
 
 def check_batch_size(batch_size: Any, option: str) -> int:
@@ -174,6 +177,8 @@ class _QuietRandomInit(logging.Filter):
 def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     # Our own torch.load: open_clip's loader retries *without* weights_only when the restricted unpickler raises a
     # TypeError, which a malformed (or malicious) file can provoke.
+    import torch
+
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
     if not isinstance(state_dict, dict) or not state_dict:
@@ -267,6 +272,7 @@ def check_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
 
 def to_pil_images(images: torch.Tensor) -> list:
     """(B, 3, H, W) floats in [0, 1] -> B 8-bit RGB PIL images (rounded, as an image file would store them)."""
+    import torch
     from PIL import Image
 
     pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)  # (B, 3, H, W)
@@ -275,6 +281,8 @@ def to_pil_images(images: torch.Tensor) -> list:
 
 def _features(out: Any) -> torch.Tensor:
     # transformers 5 returns a model output whose pooler_output is the projected embedding; 4.x the tensor itself.
+    import torch
+
     return out if isinstance(out, torch.Tensor) else out.pooler_output
 
 
@@ -286,6 +294,8 @@ def hf_clip_cosine(
     Returns:
         (b,) float32 on the model's device.
     """
+    import torch
+
     device, dtype = clip.logit_scale.device, next(clip.vision_model.parameters()).dtype
     max_length = clip.config.text_config.max_position_embeddings  # 77 for CLIP
     text = tokenizer(list(prompts), padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -326,6 +336,8 @@ def hf_clip_reward(
     calls it; ``model_hub`` and ``processor_hub`` are what a missing-weights sentence says to download; ``prefix`` is
     put before every prompt (a space after it).
     """
+    import torch
+
     option = f"reward.options.{name}"
     torch_dtype = parse_dtype(dtype, f"{option}.dtype")
     batch_size = check_batch_size(batch_size, f"{option}.batch_size")

@@ -20,11 +20,12 @@ a mean of per-frame scores does not see motion.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .base import RewardError, RewardFn
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FRAME_CHOICES", "frame_indices", "on_frames"]
 
@@ -57,6 +58,8 @@ def frame_indices(num_frames: int, frames: str | int | Sequence[int]) -> list[in
 
 def _per_clip(value: Any, b: int, n: int) -> Any:
     """A per-frame (B·n,) extra → its per-clip mean (B,); scalars and other shapes pass through."""
+    import torch
+
     if isinstance(value, torch.Tensor) and value.ndim == 1 and value.shape[0] == b * n:
         return value.detach().float().cpu().view(b, n).mean(1)
     return value
@@ -90,6 +93,8 @@ def on_frames(fn: RewardFn, frames: str | int | Sequence[int] = "all") -> Reward
 
 def _frame_by_frame(fn: RewardFn, clips: torch.Tensor, prompts, metadata, idx: list[int]):
     """A groupwise ``fn`` on each chosen frame of every clip together, averaged over the frames per clip."""
+    import torch
+
     parts = [fn(clips[:, k], prompts, metadata) for k in idx]
     rewards = torch.stack([r.detach().float().cpu().reshape(-1) for r, _ in parts]).mean(0)
     info = {key: torch.stack([extra[key].detach().float().cpu() for _, extra in parts]).mean(0)

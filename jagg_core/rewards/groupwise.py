@@ -9,12 +9,13 @@ group's raw scores into a ranking reward.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .base import RewardError, RewardFn
 from .inflight import in_order
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["group_members", "pairwise_wins", "placed", "score_groups"]
 
@@ -27,6 +28,8 @@ def score_groups(
     images, prompts and metadata in batch order; returns the (B,) scores and the per-image extras in batch order
     (a scalar extra is averaged over the groups). A reward that allows it (``fn.max_in_flight``, a served one) is
     called on that many groups at once."""
+    import torch
+
     members = group_members(name, groups, len(prompts))
 
     def one(rows: list[int]) -> tuple[torch.Tensor, dict[str, Any]]:
@@ -40,6 +43,8 @@ def score_groups(
 def group_members(name: str, groups: torch.Tensor | Sequence[int] | None, n: int) -> list[list[int]]:
     """The rows of each group of ``groups`` ((n,) group ids): groups in order of their first image, rows in batch
     order."""
+    import torch
+
     if groups is None:
         raise ValueError(f"reward {name!r} is groupwise: pass groups (the (B,) group id of each image) to score it.")
     ids = torch.as_tensor(groups).reshape(-1).tolist()
@@ -55,6 +60,8 @@ def placed(name: str, n: int, members: list[list[int]], answers: Sequence[tuple[
            ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The (n,) scores and extras of a batch from its groups' answers (one ``(scores, extras)`` per group of
     ``members``, in that order), each checked for one score per image of its group."""
+    import torch
+
     scores = torch.zeros(n, dtype=torch.float32)
     per_image: dict[str, torch.Tensor] = {}
     scalars: dict[str, list[float]] = {}
@@ -78,6 +85,8 @@ def placed(name: str, n: int, members: list[list[int]], answers: Sequence[tuple[
 def pairwise_wins(scores: torch.Tensor) -> torch.Tensor:
     """(n,) raw scores of one group → (n,) the share of the group's other images each one beats, a tie counting
     half: a pairwise-preference ranking as a reward in [0, 1] (0.5 for a group of one, or of equal scores)."""
+    import torch
+
     s = scores.detach().double().reshape(-1)
     n = s.numel()
     if n < 2:

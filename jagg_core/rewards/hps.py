@@ -22,9 +22,7 @@ CPU it is bit-identical to ``preprocess_val``; on a GPU, CUDA's resampling kerne
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..setup.options import HF_SCORER
 from .base import RewardError, RewardFn, register_reward
@@ -36,6 +34,9 @@ from .clip_models import (
     load_open_clip,
     parse_dtype,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["HPS_CHECKPOINT", "HPS_REPO", "hps_pixels", "make_hps"]
 
@@ -99,6 +100,7 @@ def make_hps(
     Returns:
         ``fn(images, prompts, metadata) -> (rewards, info)``: rewards (B,) float32 = the cosine; info is empty.
     """
+    import torch
     import open_clip
 
     torch_dtype = parse_dtype(dtype, f"{_OPTIONS}.dtype")

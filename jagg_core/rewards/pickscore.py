@@ -13,13 +13,14 @@ Scales, as PickScore's reference code and Flow-GRPO's ``pickscore_scorer``:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ..setup.options import HF_SCORER
 from .base import RewardFn, register_reward
 from .clip_models import hf_clip_reward
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PICKSCORE_MODEL", "PICKSCORE_NORM", "PICKSCORE_PROCESSOR", "make_pickscore"]
 

@@ -22,15 +22,17 @@ reads only how many objects it asks for; which shapes, colours, places and backg
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Sequence
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from ..setup.options import Share
 from .base import RewardError, register_reward
 from .toy import _K, _PALETTE, _geometry, _parse, _pixels, palette_d2, toy_world_reward
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["preference_components", "toy_preference"]
 
@@ -98,6 +100,8 @@ def toy_preference(sigma: float = SIGMA, clean_sigma: float = CLEAN_SIGMA, w_bac
         w_background: weight of the background term inside ``complete``.
         w_precision: weight of the precision term (no unrequested paint) inside ``complete``.
     """
+    import torch
+
     for name, value in (("sigma", sigma), ("clean_sigma", clean_sigma)):
         if not 0 < value <= 255:
             raise RewardError(f"toy_preference: {name} must be in (0, 255] RGB units, got {value!r}.")

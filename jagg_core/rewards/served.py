@@ -52,15 +52,17 @@ import random
 import re
 import threading
 import time
-from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Mapping, NamedTuple, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-import torch
 from pydantic import Field
 
 from ..setup.redact import redact, remember
 from .base import REWARD_KINDS, RewardError, RewardFn, register_reward
 from .inflight import in_order
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["PROTOCOL", "ServedRewardError", "encode_png", "served", "shown_address"]
 
@@ -103,6 +105,7 @@ def shown_address(url: str) -> str:
 
 def encode_png(images: torch.Tensor) -> list[str]:
     """(B, 3, H, W) in [0, 1] → B base64 PNGs (8-bit RGB, rounded as every saved image of the project)."""
+    import torch
     from PIL import Image
 
     if images.ndim != 4 or images.shape[1] != 3:
@@ -150,6 +153,8 @@ def served(url: str = "", token: str = "", timeout_s: float = 60.0, batch_size: 
             the next ones (the spec's ``beside_policy``; the same requests, the same scores).
         kind: ``pointwise`` (a score per image) or ``groupwise`` (the server sees one prompt's group at once).
     """
+    import torch
+
     if not url:
         raise ServedRewardError("reward.options.served.url is needed: the address of the reward server, e.g. "
                                 "http://judge-box:8000/score (docs/rewards_served.md).")
@@ -230,18 +235,27 @@ class _Client:
         """The scores the server gives the request ``body`` (one per image), or one sentence."""
         content = json.dumps(body, default=str).encode()
         attempts = self.retries + 1
-        for attempt in range(attempts):
+        made = 0
+        while True:
             failure = self._post(content)
+            made += 1
             if isinstance(failure, _Answer):
                 return self._scores(failure, len(body["images"]))
-            if attempt + 1 < attempts:
-                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S) * (1 + 0.25 * self.jitter.random())
-                what, reason, _ = failure  # each retry leaves one line: which attempt failed, and why
-                log.warning("the reward server at %s %s (attempt %d of %d%s); retrying in %.1f s", self.where,
-                            redact(what), attempt + 1, attempts, f": {redact(reason)}" if reason else "", wait)
-                time.sleep(wait)
+            # a request sent beside the main thread (in flight, or beside sampling) that nobody waits for any more
+            # (the process is ending) is not retried: its retries would hold the process open
+            if made == attempts or not threading.main_thread().is_alive():
+                break
+            wait = min(self.backoff_s * 2 ** (made - 1), _MAX_BACKOFF_S) * (1 + 0.25 * self.jitter.random())
+            what, reason, _ = failure  # each retry leaves one line: which attempt failed, and why
+            log.warning("the reward server at %s %s (attempt %d of %d%s); retrying in %.1f s", self.where,
+                        redact(what), made, attempts, f": {redact(reason)}" if reason else "", wait)
+            end = time.monotonic() + wait
+            while time.monotonic() < end and threading.main_thread().is_alive():
+                time.sleep(min(0.1, end - time.monotonic()))
+            if not threading.main_thread().is_alive():
+                break
         what, reason, hint = failure
-        tried = f"{attempts} attempt{'s' if attempts > 1 else ''}{f': {reason}' if reason else ''}"
+        tried = f"{made} attempt{'s' if made > 1 else ''}{f': {reason}' if reason else ''}"
         raise ServedRewardError(f"the reward server at {self.where} {what} ({tried}); {hint}.")
 
     def _post(self, content: bytes):  # noqa: ANN202  (the answer, or (what failed, why, what to do) to retry)

@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import functools
 import io
-from typing import Annotated, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Mapping, Sequence
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from ..setup.options import TAU_OPTIONS, Share
@@ -34,6 +33,9 @@ from ..world import BACKGROUNDS, COLORS, SHAPES, SIZES, cell_assignments, cell_b
 from ..world.render import MIN_IMAGE_SIZE
 from .base import RewardError, RewardFn, register_reward
 from .groupwise import pairwise_wins
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["TAU", "TAU_FULL", "fidelity_components", "jpeg_compressibility", "toy_background", "toy_fidelity",
            "toy_fidelity_rank", "toy_objects", "toy_precision"]
@@ -143,6 +145,8 @@ def toy_fidelity(
         w_precision: weight of the precision term (no unrequested objects); ``1 − w_background − w_precision``
             goes to the objects themselves.
     """
+    import torch
+
     _check_tau("toy_fidelity", tau, tau_full)
     if not (0 <= w_background and 0 <= w_precision and w_background + w_precision <= 1):
         raise RewardError(
@@ -172,6 +176,8 @@ def _check_tau(name: str, tau: float, tau_full: float) -> None:
 
 def _pixels(images: torch.Tensor) -> np.ndarray:
     """(B, 3, H, W) in [0, 1] -> (B, H, W, 3) float64 in [0, 255]."""
+    import torch
+
     if images.ndim != 4 or images.shape[1] != 3:
         raise ValueError(f"images must be (B, 3, H, W), got shape {tuple(images.shape)}.")
     # Upcast to float64 so that a rendered ground truth scores 1 to within 1e-12.
@@ -183,6 +189,8 @@ def _component_reward(component: str, doc: str):
         _check_tau(f"toy_{component}", tau, tau_full)
 
         def fn(images, prompts, metadata):
+            import torch
+
             return torch.from_numpy(fidelity_components(_pixels(images), prompts, tau, tau_full)[component]).float(), {}
 
         return fn
@@ -225,6 +233,7 @@ def toy_fidelity_rank(
                  describe=toy_world_reward("jpeg_compressibility"))
 def jpeg_compressibility(quality: int = 95) -> RewardFn:
     """Minus the JPEG size in kB at ``quality``, as DDPO's ``jpeg_compressibility`` (kvablack/ddpo-pytorch)."""
+    import torch
     from PIL import Image
 
     if not 1 <= quality <= 100:

@@ -14,18 +14,19 @@ parts came during sampling or all at once after it. The scoring threads draw no 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, Callable, Mapping, Sequence
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from .base import RewardError, RewardFn, make_reward
 from .clips import on_frames
 from .groupwise import group_members, placed, score_groups
 from .inflight import answers, failure
 
-__all__ = ["Scoring", "make_weighted_reward"]
+if TYPE_CHECKING:
+    import torch
 
-Answer = tuple[torch.Tensor, dict[str, Any]]
+    Answer = tuple[torch.Tensor, dict[str, Any]]  # a reward's (scores, info)
+
+__all__ = ["Scoring", "make_weighted_reward"]
 
 
 def make_weighted_reward(
@@ -40,6 +41,8 @@ def make_weighted_reward(
     ``Trajectory.group_ids``), which a groupwise reward needs. ``fn.begin(prompts, metadata, groups)`` scores the same
     batch as its images are sampled (:class:`Scoring`); ``fn.beside`` says whether any of its rewards may run beside
     the policy (else the trainer scores after sampling, as it gains nothing)."""
+    import torch
+
     if not weights:
         raise RewardError("at least one reward with a weight is needed.")
     options = options or {}
@@ -120,6 +123,8 @@ class Scoring:
 
     def result(self) -> tuple[torch.Tensor, dict[str, Any]]:
         """The batch's total reward and info, as ``fn`` gives them for the whole batch."""
+        import torch
+
         if self.sampled != self.n:
             raise ValueError(f"the batch of {self.n} images is scored with only {self.sampled} added.")
         try:
@@ -144,6 +149,8 @@ class Scoring:
 
     def _take(self, rows: list[int]) -> torch.Tensor:
         """The images of ``rows`` (consecutive ones: slices of the parts they span; no copy if one part holds them)."""
+        import torch
+
         a, b = rows[0], rows[-1] + 1
         if rows != list(range(a, b)):
             return torch.cat(self.parts)[torch.tensor(rows)]
@@ -159,6 +166,8 @@ class Scoring:
 def _joined(parts: Sequence[Answer]) -> Answer:
     """A pointwise reward's answers for consecutive slices of a batch, as one answer for the batch: the scores and the
     per-image extras concatenated, a scalar extra averaged over the calls."""
+    import torch
+
     if len(parts) == 1:
         return parts[0]
     sizes = [int(r.numel()) for r, _ in parts]
