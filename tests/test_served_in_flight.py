@@ -120,3 +120,23 @@ def test_a_judge_that_fails_beside_sampling_stops_it_with_the_same_one_sentence(
                 scoring.add(_images(8)[4:5]) if scoring.sampled < 8 else scoring.result()
                 time.sleep(0.05)
     assert "\n" not in str(e.value)
+
+
+def test_a_process_that_ends_while_a_request_beside_it_is_retried_does_not_wait_for_its_retries():
+    """The main thread stops (an error elsewhere, Ctrl-C) while the judge is unreachable and a request sent beside
+    sampling waits to be retried: the process ends at once, not after the retries' backoff (5 + 10 + 20 s here)."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from test_served_rewards import _free_port
+
+    script = (f"import torch\nfrom jagg_core.rewards import make_weighted_reward\n"
+              f"fn = make_weighted_reward({{'served': 1.0}}, {{'served': {{'url': 'http://127.0.0.1:{_free_port()}/s', "
+              f"'retries': 3, 'backoff_s': 5.0, 'batch_size': 2}}}})\n"
+              f"scoring = fn.begin(['p'] * 4, [{{}}] * 4, torch.zeros(4))\n"
+              f"scoring.add(torch.rand(2, 3, 8, 8))\nimport time; time.sleep(0.5)\nraise SystemExit(3)\n")
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert time.monotonic() - t0 < 15, "the process waited for the retries of a request nobody waits for"

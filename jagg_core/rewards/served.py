@@ -43,7 +43,6 @@ be sent as HTTP Basic, not as the protocol's Bearer token.
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import io
 import json
 import logging
@@ -59,7 +58,7 @@ from pydantic import Field
 
 from ..setup.redact import redact, remember
 from .base import REWARD_KINDS, RewardError, RewardFn, register_reward
-from .inflight import in_order
+from .inflight import Pool, in_order
 
 if TYPE_CHECKING:
     import torch
@@ -218,44 +217,29 @@ class _Client:
         self.jitter = random.Random()  # private: the training's own random streams stay untouched
         self.max_in_flight = max_in_flight
         self.slots = threading.BoundedSemaphore(max_in_flight)  # requests open at once, whichever thread sends them
-        self.pool: concurrent.futures.ThreadPoolExecutor | None = None  # made at the first batch of several requests
-        self.pool_lock = threading.Lock()
+        self.pool = Pool(max_in_flight, "jagg-served")
 
     def in_order(self, ask: Callable[[int, int], list[float]], chunks: list[tuple[int, int]]) -> list[list[float]]:
         """``ask(a, b)`` for every chunk, up to ``max_in_flight`` at once, the answers in the chunks' order (the first
         failure in that order is raised; the requests not yet sent are not sent)."""
-        if len(chunks) > 1 and self.max_in_flight > 1:
-            with self.pool_lock:  # one pool for the client's life: its threads are made once
-                if self.pool is None:
-                    self.pool = concurrent.futures.ThreadPoolExecutor(self.max_in_flight,
-                                                                      thread_name_prefix="jagg-served")
         return in_order(ask, chunks, self.max_in_flight, self.pool)
 
     def score(self, body: dict[str, Any]) -> list[float]:
         """The scores the server gives the request ``body`` (one per image), or one sentence."""
         content = json.dumps(body, default=str).encode()
         attempts = self.retries + 1
-        made = 0
-        while True:
+        for attempt in range(attempts):
             failure = self._post(content)
-            made += 1
             if isinstance(failure, _Answer):
                 return self._scores(failure, len(body["images"]))
-            # a request sent beside the main thread (in flight, or beside sampling) that nobody waits for any more
-            # (the process is ending) is not retried: its retries would hold the process open
-            if made == attempts or not threading.main_thread().is_alive():
-                break
-            wait = min(self.backoff_s * 2 ** (made - 1), _MAX_BACKOFF_S) * (1 + 0.25 * self.jitter.random())
-            what, reason, _ = failure  # each retry leaves one line: which attempt failed, and why
-            log.warning("the reward server at %s %s (attempt %d of %d%s); retrying in %.1f s", self.where,
-                        redact(what), made, attempts, f": {redact(reason)}" if reason else "", wait)
-            end = time.monotonic() + wait
-            while time.monotonic() < end and threading.main_thread().is_alive():
-                time.sleep(min(0.1, end - time.monotonic()))
-            if not threading.main_thread().is_alive():
-                break
+            if attempt + 1 < attempts:
+                wait = min(self.backoff_s * 2**attempt, _MAX_BACKOFF_S) * (1 + 0.25 * self.jitter.random())
+                what, reason, _ = failure  # each retry leaves one line: which attempt failed, and why
+                log.warning("the reward server at %s %s (attempt %d of %d%s); retrying in %.1f s", self.where,
+                            redact(what), attempt + 1, attempts, f": {redact(reason)}" if reason else "", wait)
+                time.sleep(wait)
         what, reason, hint = failure
-        tried = f"{made} attempt{'s' if made > 1 else ''}{f': {reason}' if reason else ''}"
+        tried = f"{attempts} attempt{'s' if attempts > 1 else ''}{f': {reason}' if reason else ''}"
         raise ServedRewardError(f"the reward server at {self.where} {what} ({tried}); {hint}.")
 
     def _post(self, content: bytes):  # noqa: ANN202  (the answer, or (what failed, why, what to do) to retry)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from .base import RewardError, RewardFn, make_reward
 from .clips import on_frames
 from .groupwise import group_members, placed, score_groups
-from .inflight import answers, failure
+from .inflight import Pool, answers, failure
 
 if TYPE_CHECKING:
     import torch
@@ -98,8 +98,7 @@ class Scoring:
                 self.plans[name] = [list(range(a, min(a + size, self.n))) for a in range(0, self.n, size)]
         self.sent: dict[str, list[concurrent.futures.Future]] = {name: [] for name in self.plans}
         workers = max([getattr(fns[name], "max_in_flight", 1) for name in self.plans], default=0)
-        self.pool = (concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="jagg-scoring") if workers
-                     else None)
+        self.pool = Pool(workers, "jagg-scoring") if workers else None
 
     def add(self, images: torch.Tensor) -> None:
         """The batch's next rows ``images`` (b, 3, H, W), in batch order: the calls they complete are sent now; a call
@@ -143,9 +142,11 @@ class Scoring:
             self.close()
 
     def close(self) -> None:
-        """Cancel the calls not yet started; those in flight end at their own deadlines, nobody waiting for them."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+        """Cancel the calls not yet started; those in flight end at their own deadlines, nobody waiting for them (on
+        daemon threads: they do not hold the process open)."""
+        for sent in self.sent.values():
+            for f in sent:
+                f.cancel()
 
     def _take(self, rows: list[int]) -> torch.Tensor:
         """The images of ``rows`` (consecutive ones: slices of the parts they span; no copy if one part holds them)."""
