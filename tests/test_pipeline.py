@@ -45,6 +45,25 @@ def _clone(tmp_path: Path, profile: str = "ci") -> Path:
     return root
 
 
+def _with_ci_base(root: Path, ci_base: Path, methods: str | None = None) -> Path:
+    """``root`` (a :func:`_clone`) with the ci profile's prompts and base model of the session's ``ci_base`` (what
+    the clone's own prepare and pretrain stages would make, bit for bit: tests/conftest.py), which its stages then
+    find up to date; with ``methods`` (e.g. ``"[baseline, jagg]"``), the top-level run.methods the ci profile reads,
+    committed."""
+    for item in ci_base.iterdir():
+        if item.name != "params.yaml":
+            (shutil.copytree if item.is_dir() else shutil.copy2)(item, root / item.name)
+    if methods is not None:
+        text = (root / "params.yaml").read_text()
+        three = "  methods: [baseline, jagg, ablate]\n"
+        assert three in text
+        (root / "params.yaml").write_text(text.replace(three, f"  methods: {methods}\n", 1))
+        for cmd in (["git", "add", "params.yaml"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm",
+                                                    f"methods: {methods}"]):
+            subprocess.run(cmd, cwd=root, check=True)
+    return root
+
+
 def _run(cmd: list[str], root: Path, timeout: float = 900, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=root, env=_env(root, **env), capture_output=True, text=True, timeout=timeout)
 
@@ -79,8 +98,10 @@ def _get(url: str) -> bytes:
 
 
 @pytest.mark.slow
-def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
-    root = _clone(tmp_path)
+def test_prefect_deployment_run_completes_and_logs_to_mlflow(ci_base, tmp_path):
+    # Two of the profile's methods (a third's training and evaluation would be more of the same), in a clone with the
+    # session's prepared ci prompts and base model.
+    root = _with_ci_base(_clone(tmp_path), ci_base, methods="[baseline, jagg]")
     port, mlflow_port = free_port(), free_port()
     up = _run([str(BIN / "jagg"), "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port)],
               root, timeout=300)
@@ -110,7 +131,7 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(tmp_path):
         artifacts = _flow_artifacts(api, flow_run_id)
         # A table of final scores and speeds, a link to the sweep's MLflow run, the report with figures that resolve.
         table = json.loads(artifacts["jagg-ci-scores"]["data"])
-        assert {r["method"] for r in table} == {"baseline", "jagg", "ablate"}
+        assert {r["method"] for r in table} == {"baseline", "jagg"}
         assert all("toy_fidelity" in r and "update (s)" in r for r in table)
         link = re.search(r"\((http[^)]+)\)", artifacts["jagg-ci-mlflow"]["data"]).group(1)
         assert link.startswith(f"{ui}/#/experiments/") and _get(link.split("#")[0])

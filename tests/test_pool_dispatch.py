@@ -25,11 +25,12 @@ import torch
 
 from conftest import run_module
 from tasks.common import free_port
-from test_pipeline import BIN, _clone, _run
+from test_pipeline import BIN, _clone, _run, _with_ci_base
 
 # The `uninterrupted` reference's settings (conftest.WORKER_ARGS): a sweep with them trains its runs to its bits
 REF = {"reward.weights": {"toy_background": 1.0}, "train.iterations": 4}
 UNITS = ("host-a", "host-b")
+METHODS = ("baseline", "jagg")  # the pool sweep's: the exact baseline and JAGG
 
 
 @dataclass
@@ -108,10 +109,7 @@ def _submit(api: str, deployment: str, parameters: dict, queue: str | None = Non
 
 @pytest.fixture(scope="module")
 def cluster(ci_base, tmp_path_factory):
-    root = _clone(tmp_path_factory.mktemp("pool"))
-    for item in ci_base.iterdir():  # the ci profile's prompts and base model, made once per session
-        if item.name != "params.yaml":
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, root / item.name)
+    root = _with_ci_base(_clone(tmp_path_factory.mktemp("pool")), ci_base)  # the ci prompts and base model
     stray = _clone(tmp_path_factory.mktemp("stray"))  # the code, in another folder: another host's view
     port, mlflow_port = free_port(), free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -181,22 +179,24 @@ def test_a_pool_sweep_runs_each_unit_as_a_child_flow_run_on_both_workers_with_in
         cluster, uninterrupted, tmp_path):
     """`prefect deployment run 'jagg-reproduce/ci'` with dispatch to the pool: the base evaluation, every training
     and every evaluation is a child flow run of the sweep's, taken by both unit workers, and the runs end with the
-    bits of an in-process run; their evaluation has the in-process evaluation's numbers, the report is written."""
-    overrides = cluster.pool(**REF)
+    bits of an in-process run; their evaluation has the in-process evaluation's numbers, the report is written.
+    (Two of the profile's methods: five units for two workers, each of whom takes some; a third method's training
+    and evaluation would be two more units of the same kind.)"""
+    overrides = cluster.pool(**REF, **{"run.methods": list(METHODS)})
     run = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "-p", f"overrides={json.dumps(overrides)}",
                 "-p", "parallel_runs=2", "--watch", "--watch-timeout", "1800"], cluster.root, timeout=1900,
                PREFECT_API_URL=cluster.api, PREFECT_HOME=str(cluster.root / ".services/prefect"))
     assert run.returncode == 0 and "Completed" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
     sweep = re.search(r"UUID: ([0-9a-f-]{36})", run.stdout).group(1)
     children = _children(cluster.api, sweep)
-    runs = [f"{m}-s0" for m in ("baseline", "jagg", "ablate")]
+    runs = [f"{m}-s0" for m in METHODS]
     expected = {"evaluate base", *(f"train {r}" for r in runs), *(f"evaluate {r}" for r in runs)}
     assert sorted(c["name"] for c in children) == sorted(expected)
     assert {c["state"]["type"] for c in children} == {"COMPLETED"}
     took = {c["name"]: _worker(c) for c in children}
     assert set(took.values()) == set(UNITS), took  # both hosts took units; the sweep's own worker took none
     outputs = _outputs(overrides)
-    for method in ("baseline", "jagg", "ablate"):
+    for method in METHODS:
         assert _same(_weights(cluster.root, outputs, f"{method}-s0"), uninterrupted(method)), method
     # The evaluation of the in-process reference run, in a copy of its project: the same numbers as the pool's.
     ref = tmp_path / "ref"
@@ -210,7 +210,7 @@ def test_a_pool_sweep_runs_each_unit_as_a_child_flow_run_on_both_workers_with_in
     summary = json.loads((cluster.root / f"reports/{outputs}/summary.json").read_text())
     final = {r["method"]: r["final"] for r in summary["runs"]}
     assert final["jagg"] == {k: v["mean"] for k, v in want["metrics"].items() if k in final["jagg"]}
-    assert set(final) == {"baseline", "jagg", "ablate"}
+    assert set(final) == set(METHODS)
     assert (cluster.root / f"runs/{outputs}/speed.json").exists()  # the speed stage ran, in the sweep's flow
 
 
