@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_pipeline import BIN, _clone, _run
+from test_pipeline import BIN, _clone, _run, _with_ci_base
 
 
 PIPELINE = "dvc.yaml"  # the active profile's pipeline (tasks/dvc_pipelines.py writes it at the root): ci's here
@@ -61,15 +61,17 @@ TRAINED_METRICS = {"reward/mean", "time/update", "train/backward_calls", "train/
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # `jagg run`, then ~20 stage processes; beside another test worker on 2 cores
-def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(tmp_path):
+def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(ci_base, tmp_path):
     """`make run` then `make repro`, on ci as the active profile: its pipeline is the root's dvc.yaml (`make
     pipelines` put it there) and runs the commands `jagg run` ran, into the same folders, so a bare `dvc repro` (no
     dvc.lock yet: every stage runs once, to be recorded) finds every run trained and every evaluation made, rewrites
     no checkpoint, and `dvc status dvc.yaml` then says it is up to date. Then what a user
     changes: a method's param, a module, an iteration more as a DVC experiment — each reruns exactly its stages.
     (One project for both halves: a `dvc repro` from nothing runs the same stage commands as this one's, which
-    tests/conftest.py's fixtures and `jagg run` run in every other test; the suite's time.)"""
-    root = _clone(tmp_path)
+    tests/conftest.py's fixtures and `jagg run` run in every other test; the suite's time. For the same reason the
+    clone starts with the session's ci prompts and base model, which its prepare and pretrain stages find up to date,
+    as they do after `jagg run`.)"""
+    root = _with_ci_base(_clone(tmp_path), ci_base)
     # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same. ci's
     # pipeline reads its methods from the top-level run.methods (its overlay sets none): the edit changes its stages.
     text = (root / "params.yaml").read_text()
