@@ -124,6 +124,24 @@ def test_write_docs_fills_the_section_and_bench_regeneration_keeps_it(monkeypatc
     assert page.read_text() == filled
 
 
+def test_bench_regeneration_keeps_every_section_measured_by_hand(monkeypatch, tmp_path):
+    """A study's section of docs/benchmarks.md (issue 63's joint vs sequential, measured by hand) was dropped by the
+    next `jagg bench --write-docs`, which rewrites the page: blocks between the kept markers stay, in order, before
+    "## Reproduce", once each however often the page is regenerated."""
+    from jagg_core.pipeline import bench_docs as markdown
+
+    page = tmp_path / "benchmarks.md"
+    monkeypatch.setattr(markdown, "_plot_iteration", lambda r, path: False)
+    monkeypatch.setattr(markdown, "render_markdown", lambda results, figures=None: "# bench\n\n## Reproduce\n\nx\n")
+    blocks = [f"{markdown.KEPT_START}\n## Study {k}\n\nfigures {k}\n{markdown.KEPT_END}" for k in (1, 2)]
+    page.write_text("# old\n\n" + blocks[0] + "\n\nold table\n\n" + blocks[1] + "\n\n## Reproduce\n\nx\n")
+    markdown.write_markdown([{"model": {"name": "toy"}}], page)
+    once = page.read_text()
+    assert once == "# bench\n\n" + blocks[0] + "\n\n" + blocks[1] + "\n\n## Reproduce\n\nx\n"
+    markdown.write_markdown([{"model": {"name": "toy"}}], page)
+    assert page.read_text() == once
+
+
 @pytest.mark.parametrize("args, message", [
     (["--profile", "sd3"], "profile 'sd3' has backbone 'sd3' (use flux, flux-fast or wan)"),
     (["--resolution", "40"], "--resolution 40 must be a positive multiple of 16 pixels"),

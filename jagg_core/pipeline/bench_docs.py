@@ -240,6 +240,20 @@ RESUME_NOTE = [
     "",
 ]
 
+# A section measured by hand (a study's own command and figures, not a `jagg bench` table) sits between these
+# markers; regenerating the page keeps every such block, in its order, just before "## Reproduce".
+KEPT_START, KEPT_END = "<!-- kept:start -->", "<!-- kept:end -->"
+
+
+def _kept_blocks(text: str) -> list[str]:
+    """Every block of ``text`` between KEPT_START and KEPT_END, the markers included, in order."""
+    blocks, at = [], 0
+    while (start := text.find(KEPT_START, at)) >= 0 and (end := text.find(KEPT_END, start)) >= 0:
+        blocks.append(text[start:end + len(KEPT_END)])
+        at = end + len(KEPT_END)
+    return blocks
+
+
 # Why the benchmark's exact-batched gain is not the trainer's (issue 35): measured by hand, kept verbatim when the
 # page is regenerated (the bench's own tables above it are rewritten).
 BATCHING_NOTE = [
@@ -394,7 +408,8 @@ def _main_job(job: dict, figure: str) -> list[str]:
 def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | None = None) -> Path:
     """The page, and beside it ``bench/iteration-<model>.png`` per model (the iteration's stacked bar); with
     ``main_job`` (:func:`read_main_job`) also the main job's breakdown and its figure. The smoke test's block of an
-    existing page (its GPU figures) is kept."""
+    existing page (its GPU figures) and its blocks between KEPT_START and KEPT_END (sections measured by hand) are
+    kept."""
     path = Path(path)
     figures = {}
     for r in results:
@@ -407,9 +422,13 @@ def write_markdown(results: Sequence[dict], path: str | Path, main_job: dict | N
         copy_file(Path(main_job["dir"]) / "iteration.png", path.parent / rel, BenchError)  # never through a link
         head, sep, tail = text.partition("## Reproduce")
         text = head + "\n".join(_main_job(main_job, rel)) + "\n" + sep + tail
-    old = _smoke_block(read_regular(path, BenchError, limit=64 << 20).decode("utf-8", "replace")) \
-        if path.exists() else None
+    page = read_regular(path, BenchError, limit=64 << 20).decode("utf-8", "replace") if path.exists() else ""
+    old = _smoke_block(page)
     if old:  # the smoke test's figures are not the bench's to drop
         text = replace_smoke_block(text, old) or text
+    kept = _kept_blocks(page)
+    if kept:  # nor the sections measured by hand
+        head, sep, tail = text.partition("## Reproduce")
+        text = head + "\n\n".join(kept) + "\n\n" + sep + tail
     atomic_write_text(path, text)
     return path
