@@ -58,7 +58,7 @@ def pending_file(lay: Layout, run: str) -> Path:
 
 def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
     """Send what the run buffered during an outage of the store; if the store is still down, say what waits where."""
-    logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run))
+    logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run), once=True)  # a replay cut by a kill: once
     waiting = logger.pending()
     if not waiting:
         return
@@ -267,7 +267,8 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
 
         tracker = Tracker(params, lay.root)
         # A store that goes down mid-run does not stop training: the logger buffers on disk and replays.
-        logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run_name(method, seed)))
+        # A resumed run logs again from its last checkpoint: the steps its MLflow run holds are not logged twice.
+        logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run_name(method, seed)), once=True)
         monitor = tracker.system_metrics(mlflow_run)
     try:
         train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty(),

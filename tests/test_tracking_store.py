@@ -270,6 +270,62 @@ def test_m2_a_buffered_image_outside_its_folder_is_not_uploaded(store, caplog, t
         assert said and _one_sentence(said[-1]), said
 
 
+def _one_life(logger, steps) -> None:
+    """What a training logs per iteration: its metrics, a rollout image, then its timings."""
+    from PIL import Image
+
+    for step in steps:
+        logger.log_metrics({"reward/mean": step / 10, "train/loss": -step / 100}, step)
+        logger.log_image(Image.new("RGB", (8, 8), (step, 0, 0)), "rollout", step)
+        logger.log_metrics({"time/iteration": 0.5}, step)
+
+
+def _steps(tracker, run_id) -> dict[str, list[int]]:
+    """Each metric's steps in MLflow's history, and the steps of the run's rollout images."""
+    import re
+
+    steps = {k: sorted(m.step for m in tracker.client.get_metric_history(run_id, k))
+             for k in ("reward/mean", "train/loss", "time/iteration")}
+    steps["rollout images"] = sorted(int(re.search(r"\+step\+(\d+)\+", a.path)[1])
+                                     for a in tracker.client.list_artifacts(run_id, "images")
+                                     if a.path.endswith(".png"))
+    return steps
+
+
+def test_m5_a_resumed_training_logs_each_step_its_mlflow_run_holds_once(store):
+    """A training killed after iteration 3 resumes from its checkpoint of iteration 1 and logs iterations 2 and 3
+    again (the same values: it resumes bit-identically) into the same MLflow run: their points were in MLflow's
+    history twice (`reward/mean` at step 3 twice, a history longer than the iterations). Now the steps the run holds
+    are not logged again — and a point the pending buffer held when the store was down before the kill reaches the
+    store once, as does one a kill cut between its replay and the buffer's removal."""
+    tracker, root = store
+    for case in ("store up", "store down before the kill", "killed in the replay"):
+        name = "resumed-" + case.replace(" ", "-")
+        run_id = tracker.child_run(name, "jagg-s0", method="jagg", seed=0, key=name)
+        buffer = root / name / "mlflow-pending.jsonl"  # where tasks/train.py:pending_file puts a run's
+        first = tracker.logger(run_id, buffer, once=True)  # as tasks/train.py:worker makes a training's
+        _one_life(first, [1])
+        if case != "store up":  # the store unreachable from iteration 2: the logger buffers
+            first._offline, first._offline_until = True, float("inf")
+        _one_life(first, [2, 3])
+        if case == "killed in the replay":  # the replay sent everything, the kill came before the buffer's removal
+            kept = buffer.read_bytes(), {p.name: p.read_bytes() for p in (root / name).glob("*-images/*")}
+            assert first.flush() == 6
+            buffer.write_bytes(kept[0])
+            for file, data in kept[1].items():
+                (root / name / "mlflow-pending-images").mkdir(exist_ok=True)
+                (root / name / "mlflow-pending-images" / file).write_bytes(data)
+        assert _steps(tracker, run_id)["reward/mean"] == ([1] if case == "store down before the kill" else [1, 2, 3])
+        # killed; resumed from the checkpoint of iteration 1: iterations 2 to 4, with the store up
+        _one_life(tracker.logger(run_id, buffer, once=True), [2, 3, 4])
+        assert not buffer.exists(), case
+        assert _steps(tracker, run_id) == {k: [1, 2, 3, 4] for k in ("reward/mean", "train/loss", "time/iteration",
+                                                                     "rollout images")}, case
+        values = [(m.step, m.value) for m in tracker.client.get_metric_history(run_id, "reward/mean")]
+        assert sorted(values) == [(s, s / 10) for s in (1, 2, 3, 4)], case
+        tracker.finish(run_id)
+
+
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------
 
 

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 _MAX_BUFFERED_IMAGE = 64 << 20  # a logged image (a grid of a few test images) as the buffer keeps it: a PNG of MiBs
 
+_NO_STEP = -(2**63)  # below any step: a key the run does not hold yet
+# An image MLflow's log_image stored: images/<key, its / as ~ (# before MLflow 3)>+step+<step>+timestamp+… (% before)
+_IMAGE_FILE = re.compile(r"(.+?)[+%]step[+%](-?\d+)[+%]timestamp[+%]")
+
 _SWEEP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,99}\Z")
 
 
@@ -331,9 +335,11 @@ class Tracker:
         for i in range(0, len(params), 100):
             self._call(lambda: self.client.log_batch(run_id, params=params[i : i + 100]), "log params")
 
-    def logger(self, run_id: str, buffer: str | os.PathLike | None = None) -> "MlflowLogger":
-        """The run's metric logger; with ``buffer``, an outage of the store is buffered there, not fatal."""
-        return MlflowLogger(self, run_id, buffer)
+    def logger(self, run_id: str, buffer: str | os.PathLike | None = None, *, once: bool = False) -> "MlflowLogger":
+        """The run's metric logger; with ``buffer``, an outage of the store is buffered there, not fatal; with
+        ``once`` (a training's, which a resumed run logs again from its last checkpoint), a step the run already
+        holds is not logged again."""
+        return MlflowLogger(self, run_id, buffer, once=once)
 
     def metric_points(self, run_id: str, key: str) -> set[tuple[int, float]]:
         """The (step, value) points of ``key`` that ``run_id`` holds (what a stage logging again must not repeat)."""
@@ -550,10 +556,19 @@ class MlflowLogger:
     been logged is appended to the buffer (images beside it), training goes on, and the buffer is replayed, in
     order, on the first later call that reaches the store (or by :meth:`flush`). Meanwhile the store is tried at
     most every ``probe_seconds``, once.
+
+    With ``once`` (a training's logger), each metric's and image key's steps reach the run once. A resumed training
+    logs again the iterations between its last checkpoint and the kill (the same values: it resumes bit-identically),
+    which doubled their points in MLflow's history. So the last step of each key the run holds is read once, on the
+    first call that reaches the store (one ``get_run``; the image listing too where the run has images), and a point
+    at or below it is not sent, whether new or replayed from the buffer (a kill between a replay and the buffer's
+    removal). The store holds a run's points up to some step and the buffer the ones after it, in order, so a
+    buffered point is still sent, once: a new point at or below the last step of its key in the buffer as it was
+    found is not logged again either.
     """
 
     def __init__(self, tracker: Tracker, run_id: str, buffer: str | os.PathLike | None = None,
-                 probe_seconds: float = 30.0):
+                 probe_seconds: float = 30.0, *, once: bool = False):
         self.tracker = tracker
         self.run_id = run_id
         self.buffer = Path(buffer) if buffer else None
@@ -561,16 +576,24 @@ class MlflowLogger:
         self._offline_until = 0.0
         self._offline = False
         self._warned: tuple[int, ...] = ()  # the buffer's damaged lines already reported (pending() then flush())
+        self.once = once
+        # (kind, key) -> the last step the store holds (read at the first call that reaches it) / the buffer holds
+        self._stored: dict[tuple[str, str], int] | None = None if once else {}
+        self._queued: dict[tuple[str, str], int] = self._buffered_steps() if once else {}
 
     # -- the calls -------------------------------------------------------------------------------------------------
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        record = {"kind": "metrics", "run_id": self.run_id, "step": int(step), "time": int(time.time() * 1000),
-                  "metrics": {k: float(v) for k, v in metrics.items() if v == v}}  # NaN-free
-        self._submit(record)
+        step = int(step)
+        record = {"kind": "metrics", "run_id": self.run_id, "step": step, "time": int(time.time() * 1000),
+                  "metrics": {k: float(v) for k, v in metrics.items()  # NaN-free; a step the buffer holds: once
+                              if v == v and step > self._queued.get(("metrics", k), _NO_STEP)}}
+        if record["metrics"]:
+            self._submit(record)
 
     def log_image(self, image: Any, key: str, step: int) -> None:
-        self._submit({"kind": "image", "run_id": self.run_id, "key": key, "step": int(step)}, image=image)
+        if int(step) > self._queued.get(("image", key), _NO_STEP):
+            self._submit({"kind": "image", "run_id": self.run_id, "key": key, "step": int(step)}, image=image)
 
     def log_artifact_bytes(self, data: bytes, name: str) -> None:
         """``data`` as the run's artifact ``name`` (e.g. ``rollout/step_000001.gif``); a store that stays down loses
@@ -585,17 +608,38 @@ class MlflowLogger:
             except TrackingError as e:
                 log.warning("%s", e)
 
+    def _held(self, retries: int | None) -> dict[tuple[str, str], int]:
+        """(kind, key) -> the last step the run holds in the store, read once (``once``)."""
+        if self._stored is None:
+            client, run_id = self.tracker.client, self.run_id
+            run = self.tracker._call(lambda: client.get_run(run_id), "read the run's last steps", retries=retries)
+            # Each key's latest point is at its largest step (MLflow's latest_metrics): no history is read.
+            held = {("metrics", m.key): int(m.step) for m in run.data.to_proto().metrics}
+            if run.data.tags.get("mlflow.loggedImages"):  # log_image's files: images/<key, / as ~>+step+<n>+…
+                for a in self.tracker._call(lambda: client.list_artifacts(run_id, "images"),
+                                            "list the run's images", retries=retries):
+                    m = _IMAGE_FILE.match(Path(a.path).name)
+                    if m:
+                        key = ("image", m[1].replace("#", "~"))
+                        held[key] = max(held.get(key, _NO_STEP), int(m[2]))
+            self._stored = held
+        return self._stored
+
     def _send(self, record: dict, image: Any = None, *, retries: int | None = None) -> None:
         client = self.tracker.client
         run_id = record.get("run_id", self.run_id)  # a replayed record goes to the run that logged it
+        held = self._held(retries) if self.once and run_id == self.run_id else {}
         if record["kind"] == "metrics":
             from mlflow.entities import Metric
 
-            batch = [Metric(k, v, record["time"], record["step"]) for k, v in record["metrics"].items()]
+            batch = [Metric(k, v, record["time"], record["step"]) for k, v in record["metrics"].items()
+                     if record["step"] > held.get(("metrics", k), _NO_STEP)]  # held already: not again
             for i in range(0, len(batch), 500):
                 self.tracker._call(lambda: client.log_batch(run_id, metrics=batch[i : i + 500]),
                                    "log metrics", retries=retries)
         else:
+            if record["step"] <= held.get(("image", record["key"].replace("/", "~")), _NO_STEP):
+                return  # held already: not again
             if image is None:
                 image = self._buffered_image(record)
                 if image is None:  # gone, damaged or outside the buffer's folder: skipped with a warning
@@ -669,6 +713,18 @@ class MlflowLogger:
             log.warning("MLflow: %s line %s is not a whole record (a write cut short?); skipped%s.", self.buffer,
                         bad[0], f" with {len(bad) - 1} more" if len(bad) > 1 else "")
         return records
+
+    def _buffered_steps(self) -> dict[tuple[str, str], int]:
+        """(kind, key) -> the last step of this run's records in the buffer, as it is found (``once``)."""
+        if self.buffer is None or not self.buffer.exists():
+            return {}
+        steps: dict[tuple[str, str], int] = {}
+        for record in self._records():
+            if record.get("run_id", self.run_id) == self.run_id:
+                keys = record["metrics"] if record["kind"] == "metrics" else [record["key"]]
+                for k in keys:
+                    steps[(record["kind"], k)] = max(steps.get((record["kind"], k), _NO_STEP), record["step"])
+        return steps
 
     def _buffered_image(self, record: dict) -> Any:
         """A buffered image record's picture, or None (with one warning naming it) where its file is gone (which
