@@ -240,15 +240,21 @@ class Tracker:
         stale: :func:`owner_gone`) are marked KILLED; returns their ids."""
         found = self._search({"jagg.kind": "sweep"}, status="RUNNING", max_results=100)
         reaped = []
+        for r, owner in self._kill_orphans(found):
+            log.warning("MLflow: sweep %s's run %s was left RUNNING by process %s, which is gone; marked KILLED",
+                        r.data.tags.get("jagg.sweep", "?"), r.info.run_id, _shown_owner(owner))
+            reaped.append(r.info.run_id)
+        return reaped
+
+    def _kill_orphans(self, found: list) -> Iterator[tuple[Any, str]]:
+        """Each run of ``found`` whose owner is another process that is gone (:func:`owner_gone`), with that owner,
+        once it is tagged ``jagg.reaped_by`` this process and marked KILLED."""
         for r in found:
             owner = r.data.tags.get(OWNER_TAG)
             if owner and owner != owner_id() and owner_gone(r):
                 self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
                 self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
-                log.warning("MLflow: sweep %s's run %s was left RUNNING by process %s, which is gone; marked KILLED",
-                            r.data.tags.get("jagg.sweep", "?"), r.info.run_id, _shown_owner(owner))
-                reaped.append(r.info.run_id)
-        return reaped
+                yield r, owner
 
     @contextlib.contextmanager
     def sweeping(self, sweep: str) -> Iterator[str]:
@@ -479,17 +485,13 @@ class Tracker:
         found = self._call(lambda: self.client.search_runs([self.experiment_id], query, max_results=100),
                            "search runs")
         reaped = []
-        for r in found:
-            owner = r.data.tags.get(OWNER_TAG)
-            if owner and owner != owner_id() and owner_gone(r):
-                self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
-                self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
-                gone = ("which is gone" if owner_alive(owner) is False else
-                        "which this machine cannot check and which has given no sign of life for "
-                        f"{(time.time() - _last_sign_of_life(r)) / 60:.0f} min")
-                log.warning("MLflow run %s (%s) was left RUNNING by process %s, %s; marked KILLED",
-                            r.info.run_id, run, _shown_owner(owner), gone)
-                reaped.append(r.info.run_id)
+        for r, owner in self._kill_orphans(found):
+            gone = ("which is gone" if owner_alive(owner) is False else
+                    "which this machine cannot check and which has given no sign of life for "
+                    f"{(time.time() - _last_sign_of_life(r)) / 60:.0f} min")
+            log.warning("MLflow run %s (%s) was left RUNNING by process %s, %s; marked KILLED",
+                        r.info.run_id, run, _shown_owner(owner), gone)
+            reaped.append(r.info.run_id)
         return reaped
 
     @contextlib.contextmanager
