@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 # the other workers idle. Files not named here follow, in their usual order.
 LONGEST_FIRST = {
     "test_dvc_repro.py": 774, "test_pool_dispatch.py": 585, "test_sharded_checkpoints.py": 354,
-    "test_interrupts.py": 343, "test_redaction_dvc.py": 330, "test_pipeline.py": 260, "test_trainer.py": 226,
+    "test_interrupts.py": 343, "test_pipeline.py": 260, "test_trainer.py": 226,
     "test_redaction.py": 172, "test_frontier.py": 210, "test_dvc_pipelines.py": 143, "test_resume.py": 140,
     "test_plugins.py": 135, "test_hps_reference.py": 121, "test_tracking_store.py": 120, "test_served_rewards.py": 114,
     "test_evaluation_cache.py": 108,

@@ -1,22 +1,30 @@
 """`make run` then a bare `dvc repro` on ci in a fresh clone whose active profile is ci (its pipeline the root's
 dvc.yaml): it retrains nothing `jagg run` trained, and each later change (a method's param, a module, a DVC experiment)
-reruns exactly the stages it made stale.
+reruns exactly the stages it made stale. The same project carries issue 61's planted secrets (mechanism 3) in ci's own
+section of params.yaml, where a user running DVC keeps them: after the `jagg run` and the first `dvc repro` none is in
+any store (mlflow.db, Prefect's database), dvc.lock, .dvc/, another file or folder name, or what was printed.
 
-A file of its own (its one test is the suite's longest, ~13 min on a slow 2-core machine): pytest-xdist gives each
-file to one worker, and tests/conftest.py starts the longest files first.
+A file of its own (its `jagg run` and ~20 stage processes are the suite's longest, ~13 min on a slow 2-core machine):
+pytest-xdist gives each file to one worker, and tests/conftest.py starts the longest files first. One project for both
+tests (a module fixture), the secrets' test first: it only reads, the other then changes the project.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from conftest import run_module
+from fault_helpers import _files_holding, _one_sentence
 from test_pipeline import BIN, _clone, _run, _with_ci_base
-
+from test_redaction import _pieces, _sqlite_cells_holding
 
 PIPELINE = "dvc.yaml"  # the active profile's pipeline (tasks/dvc_pipelines.py writes it at the root): ci's here
 
@@ -59,9 +67,106 @@ TRAINED_METRICS = {"reward/mean", "time/update", "train/backward_calls", "train/
 
 
 
+# Drawn as the tests run: a secret written in this file would be found in the project's copy of it.
+URL_PASSWORD = f"Hn4W{secrets.token_hex(5)}"  # tracking.ui_url's: a URL's credentials
+TOKEN = f"tok-{secrets.token_hex(6)}"  # a served reward's token (a secret by its key's name)
+PHRASE = f"phrase-{secrets.token_hex(6)}"  # a plugin's option under a name the word list does not know, marked secret
+
+VAULT = '''"""A reward whose option seed_phrase is a secret its spec marks."""
+from jagg_core.rewards import register_reward
+
+
+@register_reward("vault", options={"seed_phrase": (str, None)}, secret=("seed_phrase",))
+def vault(seed_phrase: str | None = None):
+    def fn(images, prompts, metadata):
+        return images.mean(dim=(1, 2, 3)).float().cpu(), {}
+    return fn
+'''
+
+
+@dataclass
+class Repro:
+    root: Path
+    trained: dict  # run -> its checkpoint files (mtime, bytes) after `jagg run`
+    curves: dict  # run -> its curve.tsv after `jagg run`
+    first: subprocess.CompletedProcess  # the first bare `dvc repro`
+    printed: str  # everything the refused start, `jagg run` and the first `dvc repro` printed
+
+
+@pytest.fixture(scope="module")
+def repro(ci_base, tmp_path_factory) -> Repro:
+    """`make pipelines`, `make run`, then a bare `dvc repro`, on a clone whose active profile is ci, with two methods
+    (every stage is a fresh process: the suite's time; the matrix logic is the same) and the planted secrets; and,
+    first, a stage started under a sweep name holding the token (refused)."""
+    root = _with_ci_base(_clone(tmp_path_factory.mktemp("repro")), ci_base)
+    text = (root / "params.yaml").read_text()
+    # ci's pipeline reads its methods from the top-level run.methods (its overlay sets none): the edit changes its stages
+    three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
+    # the secrets, in ci's own section: a served reward's token (the reward unweighted: it changes no result), a
+    # plugin's secret option and a URL's password
+    reward = "    reward: {weights: {toy_fidelity: 1.0, toy_preference: 1.0}}\n"
+    planted = ("    reward:\n      weights: {toy_fidelity: 1.0, toy_preference: 1.0}\n"
+               f"      options: {{served: {{url: 'http://127.0.0.1:9/score', token: '{TOKEN}'}}, "
+               f"vault: {{seed_phrase: '{PHRASE}'}}}}\n"
+               "    plugins: [plugins/vault.py]\n"
+               f"    tracking: {{ui_url: 'http://alice:{URL_PASSWORD}@127.0.0.1:5000'}}\n")
+    assert three in text and text.count(reward) == 1
+    (root / "params.yaml").write_text(text.replace(three, two, 1).replace(reward, planted))
+    (root / "plugins").mkdir(exist_ok=True)
+    (root / "plugins" / "vault.py").write_text(VAULT)
+    # `make pipelines` on the clone, whose params.yaml says `profile: ci`: ci's pipeline comes to the root, toy's goes
+    # to pipelines/toy/ (what a user who switches profile commits)
+    moved = _run([str(BIN / "python"), "-m", "tasks.dvc_pipelines"], root)
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    assert "--profile ci " in (root / "dvc.yaml").read_text() and not (root / "pipelines/ci").exists()
+    assert (root / "pipelines/toy/dvc.yaml").is_file()
+    for cmd in (["git", "add", "-A"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "ci"]):
+        subprocess.run(cmd, cwd=root, check=True)
+    prefect = {"PREFECT_HOME": str(root / ".prefect"), "PREFECT_API_URL": ""}
+    # the sweep name: refused at a stage's door before anything is stored under it
+    refused = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0",
+                         "--sweep", f"sweep-{TOKEN}", root=root, env=prefect, timeout=300)
+    printed = refused.stdout + refused.stderr
+    assert refused.returncode == 1 and "sweep name holds a secret" in printed, printed[-3000:]
+    _one_sentence(refused.stderr.strip().splitlines()[-1])
+    run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200, **prefect)
+    printed += run.stdout + run.stderr
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    trained = {r: _files(root / "checkpoints/ci" / r) for r in ("baseline-s0", "jagg-s0")}
+    curves = {r: (root / "runs/ci" / r / "curve.tsv").read_text() for r in ("baseline-s0", "jagg-s0")}
+    first = _run([str(BIN / "dvc"), "repro"], root)  # bare: the root's dvc.yaml
+    printed += first.stdout + first.stderr
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    return Repro(root, trained, curves, first, printed)
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # `jagg run`, then ~20 stage processes; beside another test worker on 2 cores
-def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(ci_base, tmp_path):
+@pytest.mark.timeout(1800)  # the module's `jagg run` and first `dvc repro`, beside another test worker on 2 cores
+def test_a_planted_password_is_in_no_store_no_lock_no_file_and_no_folder_name_after_jagg_run_and_dvc_repro(repro):
+    """Before 4fb33cb every stage listed the whole overlay `profiles.ci` as a DVC param, so a secret there was in
+    clear in dvc.lock. Now: a sweep name holding the token is refused in one sentence; `jagg run --profile ci` and
+    `dvc repro` of ci's pipeline (each stage recorded, the trained runs found trained) leave the URL's password, the
+    token and the secret plugin option in params.yaml alone."""
+    root = repro.root
+    lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]  # the stores and the lock were written (else
+    assert {"train@jagg-0", "evaluate@jagg-0", "report"} <= set(lock), set(lock)  # the grep below proves nothing)
+    mlflow_db, prefect_db = root / "mlflow.db", root / ".prefect" / "prefect.db"
+    assert mlflow_db.exists() and prefect_db.exists()
+    assert (root / "reports/ci/index.html").exists() and (root / "checkpoints/ci/jagg-s0").is_dir()
+    for needle in _pieces(URL_PASSWORD) + [TOKEN, PHRASE]:
+        assert _sqlite_cells_holding(mlflow_db, [needle]) == [], needle
+        assert _sqlite_cells_holding(prefect_db, [needle]) == [], needle
+        assert _files_holding(root, needle.encode()) == ["params.yaml"], needle  # the user's own file alone
+        assert not [p for p in root.rglob("*") if needle in p.name], f"{needle!r} names a file or folder"
+        assert needle not in repro.printed, f"{needle!r} was printed"
+    # a section holding a secret is listed by its other keys: the stage still reruns when they change
+    listed = lock["train@jagg-0"]["params"]["params.yaml"]
+    assert "profiles.ci.train" in listed and "profiles.ci.reward.options.served.url" in listed, listed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~20 stage processes after the module's; beside another test worker on 2 cores
+def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_change_made_stale(repro):
     """`make run` then `make repro`, on ci as the active profile: its pipeline is the root's dvc.yaml (`make
     pipelines` put it there) and runs the commands `jagg run` ran, into the same folders, so a bare `dvc repro` (no
     dvc.lock yet: every stage runs once, to be recorded) finds every run trained and every evaluation made, rewrites
@@ -71,28 +176,8 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     tests/conftest.py's fixtures and `jagg run` run in every other test; the suite's time. For the same reason the
     clone starts with the session's ci prompts and base model, which its prepare and pretrain stages find up to date,
     as they do after `jagg run`.)"""
-    root = _with_ci_base(_clone(tmp_path), ci_base)
-    # Two methods keep the test's time down (every stage is a fresh process); the matrix logic is the same. ci's
-    # pipeline reads its methods from the top-level run.methods (its overlay sets none): the edit changes its stages.
-    text = (root / "params.yaml").read_text()
-    three, two = "  methods: [baseline, jagg, ablate]\n", "  methods: [baseline, jagg]\n"
-    assert three in text
-    (root / "params.yaml").write_text(text.replace(three, two, 1))
-    # `make pipelines` on the clone, whose params.yaml says `profile: ci`: ci's pipeline comes to the root, toy's goes
-    # to pipelines/toy/ (what a user who switches profile commits)
-    moved = _run([str(BIN / "python"), "-m", "tasks.dvc_pipelines"], root)
-    assert moved.returncode == 0, moved.stdout + moved.stderr
-    assert "--profile ci " in (root / "dvc.yaml").read_text() and not (root / "pipelines/ci").exists()
-    assert (root / "pipelines/toy/dvc.yaml").is_file()
-    for cmd in (["git", "add", "-A"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "ci"]):
-        subprocess.run(cmd, cwd=root, check=True)
-    run = _run([str(BIN / "jagg"), "run", "--profile", "ci"], root, timeout=1200)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    trained = {run: _files(root / "checkpoints/ci" / run) for run in ("baseline-s0", "jagg-s0")}
-    curves = {run: (root / "runs/ci" / run / "curve.tsv").read_text() for run in ("baseline-s0", "jagg-s0")}
+    root, trained, curves, first = repro.root, repro.trained, repro.curves, repro.first
     assert all(trained.values())
-    first = _run([str(BIN / "dvc"), "repro"], root)  # bare: the root's dvc.yaml
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert _ran(first) == {"prepare", "pretrain", "evaluate-base", "speed", "report",
                            *(f"{stage}@{m}-0" for stage in ("train", "evaluate") for m in ("baseline", "jagg"))}
     assert (root / "dvc.lock").is_file() and not (root / "pipelines/ci").exists()  # its lock beside it
@@ -130,19 +215,20 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert _ran(second) == {"train@jagg-0", "evaluate@jagg-0", "speed", "report"}
     assert _stale(root) == set()
-    # MLflow has every run with its training and evaluation metrics: baseline-s0's from `jagg run`, the retrained
-    # jagg-s0's from DVC's stages, tagged with its DVC stage.
+    # MLflow has every run with its training and evaluation metrics: baseline-s0's from `jagg run`; jagg-s0 one run
+    # per fingerprint (`jagg run`'s, adopted by the first `dvc repro`'s stages, and the retrained one), each tagged
+    # with the DVC stages that trained and evaluated it (the evaluation's under eval.: issue 61, mechanism 5).
     runs = _mlflow_run_list(root, "jagg-ci")
     assert any(r["tags"]["jagg.run"] == "baseline-s0" and TRAINED_METRICS <= set(r["metrics"]) for r in runs)
     by_dvc = [r for r in runs if r["tags"]["jagg.run"] == "jagg-s0" and TRAINED_METRICS <= set(r["metrics"])
-              and r["tags"].get("dvc_stage") == "evaluate@jagg-0"]  # DVC_STAGE: a root stage's bare name
-    assert len(by_dvc) == 1 and by_dvc[0]["tags"]["method"] == "jagg", [r["tags"] for r in runs]
-    assert by_dvc[0]["metrics"]["train/kept_fraction"] > 0  # the ci profile's reward varies within groups: it trains
+              and r["tags"].get("dvc_stage") == "train@jagg-0"  # DVC_STAGE: a root stage's bare name
+              and r["tags"].get("eval.dvc_stage") == "evaluate@jagg-0"]
+    assert len(by_dvc) == 2 and len({r["tags"]["jagg.key"] for r in by_dvc}) == 2, [r["tags"] for r in runs]
+    assert all(r["tags"]["method"] == "jagg" for r in by_dvc)
+    assert all(r["metrics"]["train/kept_fraction"] > 0 for r in by_dvc)  # ci's reward varies within groups: it trains
 
     # Code: editing a module makes exactly the stages whose commands import it stale, and `dvc repro` reruns them
     # (the report's figures: one stage, so the check stays cheap; test_dvc_deps checks every stage's import list).
-    import yaml
-
     spec = yaml.safe_load((root / PIPELINE).read_text())["stages"]
     edited = "jagg_core/pipeline/report_figures.py"
     users = set()
