@@ -334,8 +334,8 @@ def measure_model(r, ctx, name: str, args, out_rows: list, log) -> None:
     for it in range(args.rollouts):
         metrics: dict[str, float] = {}
         iteration = it + args.first_iteration
-        traj = _rollout(r, iteration, iteration + 1, metrics)
-        scored = _advantages(r, traj, iteration + 1, metrics)
+        traj, scoring = _rollout(r, iteration, iteration + 1, metrics)
+        scored = _advantages(r, traj, scoring, iteration + 1, metrics)
         rows = scored.rows
         steps = traj.train_steps
         alpha_t = [float(a) for a in interpolation_weights(traj.timesteps[steps])]
@@ -453,8 +453,8 @@ def rollout_readings(r, iteration: int, args):
     from jagg_core.trainer.loop import _advantages, _rollout
 
     metrics: dict[str, float] = {}
-    traj = _rollout(r, iteration, iteration + 1, metrics)
-    scored = _advantages(r, traj, iteration + 1, metrics)
+    traj, scoring = _rollout(r, iteration, iteration + 1, metrics)
+    scored = _advantages(r, traj, scoring, iteration + 1, metrics)
     readings = spread_readings(scored.rows.tolist(), lambda i: int(traj.prompt_index[i]), args.reading)
     return traj, scored, readings[: args.max_readings] if args.max_readings else readings
 
