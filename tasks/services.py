@@ -82,7 +82,7 @@ def addresses(host: str, prefect_port: int, mlflow_port: int | None, advertise: 
     interface); ``prefect_api``, ``prefect_ui`` and ``mlflow_ui``, the advertised ones other machines call and a
     browser opens."""
     public = _in_url(advertised(host, advertise))
-    local = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host, _in_url(host))
+    local = ("[::1]" if host == "::" else "127.0.0.1") if host in WILDCARDS else _in_url(host)
     urls = {"local_api": f"http://{local}:{prefect_port}/api", "prefect_api": f"http://{public}:{prefect_port}/api",
             "prefect_ui": f"http://{public}:{prefect_port}"}
     if mlflow_port:
