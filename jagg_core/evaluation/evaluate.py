@@ -134,9 +134,9 @@ def _save_jpeg(path: Path, image: torch.Tensor) -> None:
 class StepOptions:
     """How :func:`evaluate_step` runs, not what it computes: the images and scores are the same whatever these are."""
 
-    # a loaded policy to reuse across steps (its weights are replaced), or a function that returns one, called only
-    # when an image is missing (a step whose images are all there loads no model); None: built from params
-    policy: Any = None
+    # a function that returns the policy to reuse across steps (its weights are replaced), called only when an image
+    # is missing (a step whose images are all there loads no model); None: built from params
+    policy: Callable[[], Any] | None = None
     progress: bool = False  # a progress bar while scoring
     part: Part = Part()  # this process's share
     curve_subset: int | None = None  # also summarise the first N images per style (the curve's point, ``curve``)
@@ -185,10 +185,7 @@ def evaluate_step(
     blocks = [todo[k : k + ev.batch_size] for k in range(0, len(todo), ev.batch_size)]
     mine = [b for k, b in enumerate(blocks) if part.mine(k)]
     if mine:
-        if policy is None:
-            policy = policy_from_params(params, layout, pick_device(params))
-        elif callable(policy):
-            policy = policy()
+        policy = policy_from_params(params, layout, pick_device(params)) if policy is None else policy()
         if weights is not None:
             load_trainable_state_dict(policy.transformer, weights)
         styles = list(prompts)
