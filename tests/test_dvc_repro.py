@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +121,12 @@ def repro(ci_base, tmp_path_factory) -> Repro:
     assert moved.returncode == 0, moved.stdout + moved.stderr
     assert "--profile ci " in (root / "dvc.yaml").read_text() and not (root / "pipelines/ci").exists()
     assert (root / "pipelines/toy/dvc.yaml").is_file()
+    # The other profiles' pipelines (tests/test_dvc_pipelines.py checks them) leave the clone: DVC builds its index of
+    # every pipeline in the repository again after each stage it runs: 4.0–4.6 s of CPU for the repository's eleven
+    # pipelines (331 stages), 0.9 s for ci's and toy's (22), and no claim here is about another profile's stages.
+    for other in (root / "pipelines").iterdir():
+        if other.is_dir() and other.name != "toy":
+            shutil.rmtree(other)
     for cmd in (["git", "add", "-A"], ["git", "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "ci"]):
         subprocess.run(cmd, cwd=root, check=True)
     prefect = {"PREFECT_HOME": str(root / ".prefect"), "PREFECT_API_URL": ""}
@@ -242,19 +249,21 @@ def test_dvc_repro_after_jagg_run_retrains_nothing_then_reruns_only_what_a_chang
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert _ran(third) == users and _stale(root) == set()
 
-    # A quick sweep point as a DVC experiment: one more iteration resumes each run (iterations do not change the
-    # run's fingerprint) and keeps its whole curve (curve.tsv is persistent), evaluates it and records the experiment
-    # with its metrics; evaluation curves are plots.
-    exp = _run([str(BIN / "dvc"), "exp", "run", "-S", "profiles.ci.train.iterations=3", "--name", "three"], root)
+    # A quick sweep point as a DVC experiment, on one run's evaluation (its training upstream): one more iteration
+    # resumes the run (iterations do not change the run's fingerprint) and keeps its whole curve (curve.tsv is
+    # persistent), evaluates it and records the experiment with its metrics; evaluation curves are plots. The run the
+    # experiment does not target keeps its two iterations.
+    exp = _run([str(BIN / "dvc"), "exp", "run", "evaluate@jagg-0", "-S", "profiles.ci.train.iterations=3",
+                "--name", "three"], root)
     assert exp.returncode == 0, exp.stdout[-3000:] + exp.stderr[-3000:]
-    assert {"train@baseline-0", "train@jagg-0", "evaluate@baseline-0", "evaluate@jagg-0"} <= _ran(exp)
+    assert _ran(exp) == {"train@jagg-0", "evaluate@jagg-0"}
     shown = json.loads(_run([str(BIN / "dvc"), "exp", "show", "--json"], root).stdout)
     names = {e.get("name") for rev in shown for e in (rev.get("experiments") or []) for e in e.get("revs", [])}
     assert "three" in names, shown
     assert (root / "checkpoints/ci/jagg-s0/checkpoint-000003/manifest.json").exists()
-    for method in ("baseline", "jagg"):
+    for method, steps in (("baseline", ["1", "2"]), ("jagg", ["1", "2", "3"])):
         curve = (root / "runs/ci" / f"{method}-s0/curve.tsv").read_text().splitlines()
-        assert [ln.split("\t")[0] for ln in curve[1:]] == ["1", "2", "3"]
+        assert [ln.split("\t")[0] for ln in curve[1:]] == steps, method
     assert [p["step"] for p in json.loads((root / "eval/ci/jagg-s0/curve.json").read_text())] == [1, 2, 3]
     plots = _run([str(BIN / "dvc"), "plots", "show", "--json"], root)
     assert plots.returncode == 0 and "eval/ci/jagg-s0/curve.json" in plots.stdout, plots.stderr[-2000:]
