@@ -20,18 +20,16 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-# The suite's longest files, longest first (seconds of one worker in a full run on a slow 2-core machine,
-# 2026-12-04; the files that took the round-named files' tests carry those files' seconds, shared out by estimate
-# until the next full run; test_pool_dispatch, test_pipeline and test_redaction scaled by the CPU their files saved in
-# issue 62): pytest-xdist hands whole files (--dist loadfile) to whichever worker is free, in
-# collection order (--no-loadscope-reorder, Makefile); a long file handed out last would run alone at the end while
-# the other workers idle. Files not named here follow, in their usual order.
+# The suite's longest files, longest first (seconds of one worker in a full run on the Intel Xeon 2-core machine,
+# 2026-12-06, at bb1214a; test_dvc_repro.py's scaled by the 28% its file saved alone at 6f50f5d): pytest-xdist hands
+# whole files (--dist loadfile) to whichever worker is free, in collection order (--no-loadscope-reorder, Makefile); a
+# long file handed out last would run alone at the end while the other workers idle. Files not named here follow, in
+# their usual order.
 LONGEST_FIRST = {
-    "test_dvc_repro.py": 774, "test_pool_dispatch.py": 585, "test_sharded_checkpoints.py": 354,
-    "test_interrupts.py": 343, "test_pipeline.py": 260, "test_trainer.py": 226,
-    "test_redaction.py": 172, "test_frontier.py": 210, "test_dvc_pipelines.py": 143, "test_resume.py": 140,
-    "test_plugins.py": 135, "test_hps_reference.py": 121, "test_tracking_store.py": 120, "test_served_rewards.py": 114,
-    "test_evaluation_cache.py": 108,
+    "test_pool_dispatch.py": 555, "test_dvc_repro.py": 553, "test_interrupts.py": 333,
+    "test_sharded_checkpoints.py": 303, "test_trainer.py": 284, "test_pipeline.py": 222, "test_dvc_pipelines.py": 211,
+    "test_resume.py": 199, "test_frontier.py": 183, "test_redaction.py": 169, "test_plugins.py": 138,
+    "test_evaluation_cache.py": 115, "test_served_rewards.py": 110, "test_tracking_store.py": 106, "test_bench.py": 89,
 }
 
 
