@@ -88,17 +88,6 @@ def test_the_active_profiles_pipeline_is_the_root_dvc_yaml_and_only_there():
         assert yaml.safe_load(path.read_text())["vars"] == ["../../params.yaml:run,profiles"], path
 
 
-def test_dvc_parses_the_pipelines_with_ruamel_yamls_c_parser():
-    """Every dvc command indexes every pipeline of the repository (eleven, 343 stages, and params.yaml for each): with
-    ruamel.yaml's C parser (ruamel.yaml.clib, declared in pyproject.toml since ruamel.yaml 0.19 no longer brings it)
-    that took 2.0–2.4 s of CPU on the Intel Xeon, in pure Python 3.0–4.3 s, at each stage `dvc repro` runs."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.main import CParser
-
-    assert CParser is not None, "ruamel.yaml.clib is not installed: run `make setup`"
-    assert YAML(typ="safe").Parser is CParser  # what dvc.utils.serialize._yaml.parse_yaml builds for each file
-
-
 def test_dvc_lists_exactly_each_profiles_runs(tmp_path):
     """For every profile of params.yaml, `dvc stage list` has a train@ and an evaluate@ stage per run that `jagg run
     --profile <it>` trains (its methods x its seeds, the overlay merged by load_params), and nothing else."""
