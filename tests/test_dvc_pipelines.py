@@ -88,6 +88,28 @@ def test_the_active_profiles_pipeline_is_the_root_dvc_yaml_and_only_there():
         assert yaml.safe_load(path.read_text())["vars"] == ["../../params.yaml:run,profiles"], path
 
 
+def test_what_dvc_exp_run_set_writes_into_params_yaml_dvc_reads_back(tmp_path):
+    """`dvc exp run -S KEY=VALUE` rewrites params.yaml through ruamel.yaml's round-trip emitter, then DVC reads it
+    with its safe loader. The emitter leaves a URL unquoted inside a flow mapping (``{url: http://host:9/score}``):
+    ruamel.yaml's pure-Python parser reads that back, its C parser (ruamel.yaml.clib, YAML 1.1's rule on ':') refuses
+    it. Declaring ruamel.yaml.clib (2026-12-06, for DVC's speed: an index of the repository 3.5 -> 2.2 s of CPU) broke
+    the DVC experiment of tests/test_dvc_repro.py, whose params hold a served reward's URL so: this is that check in
+    a second, whichever parser a later dependency brings."""
+    from dvc.utils.hydra import apply_overrides
+    from dvc.utils.serialize import load_yaml
+
+    params = tmp_path / "params.yaml"
+    text = (REPO / "params.yaml").read_text()
+    reward = "    reward: {weights: {toy_fidelity: 1.0, toy_preference: 1.0}}\n"
+    assert text.count(reward) == 1
+    params.write_text(text.replace(reward, reward[:-2] + ", options: {served: {url: 'http://127.0.0.1:9/score'}}}\n"))
+    apply_overrides(str(params), ["profiles.ci.train.iterations=3"])
+    loaded = load_yaml(str(params))
+    assert loaded["profiles"]["ci"]["train"]["iterations"] == 3
+    assert loaded["profiles"]["ci"]["reward"]["options"]["served"]["url"] == "http://127.0.0.1:9/score"
+    assert loaded == {**yaml.safe_load(params.read_text())}  # and what the stages' own loader reads, the same
+
+
 def test_dvc_lists_exactly_each_profiles_runs(tmp_path):
     """For every profile of params.yaml, `dvc stage list` has a train@ and an evaluate@ stage per run that `jagg run
     --profile <it>` trains (its methods x its seeds, the overlay merged by load_params), and nothing else."""
