@@ -113,8 +113,10 @@ def test_a_judge_that_fails_beside_sampling_stops_it_with_the_same_one_sentence(
     with reference_server(status=422) as srv:
         fn = make_weighted_reward({"served": 1.0}, {"served": {"url": srv.url, "batch_size": 2}})
         scoring = fn.begin(["p"] * 8, [{}] * 8, torch.zeros(8))
-        scoring.add(_images(8)[:4])
         with pytest.raises(ServedRewardError, match="refused the request with HTTP 422") as e:
+            # the first part's requests go out now: their answer may already be back when this add checks (a fast
+            # server), else a later add or the result says it
+            scoring.add(_images(8)[:4])
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:  # the next part's add, or the result, says it
                 scoring.add(_images(8)[4:5]) if scoring.sampled < 8 else scoring.result()
