@@ -25,6 +25,7 @@ __all__ = [
     "open_append",
     "open_lock_file",
     "read_head",
+    "read_from",
     "read_regular",
     "read_text",
     "read_score_records",
@@ -282,9 +283,16 @@ def read_text(path: str | os.PathLike, error: type[Exception], *, limit: int = M
 def read_head(path: str | os.PathLike, size: int, error: type[Exception], *, fix: str = "") -> bytes:
     """The first ``size`` bytes (fewer if the file is shorter) of the regular file ``path``, whatever its length (a
     database's header), opened as :func:`read_regular` opens: never blocking, a FIFO or a device one sentence."""
+    return read_from(path, 0, size, error, fix=fix)
+
+
+def read_from(path: str | os.PathLike, offset: int, size: int, error: type[Exception], *, fix: str = "") -> bytes:
+    """At most ``size`` bytes of the regular file ``path`` from byte ``offset`` on (fewer where it ends sooner: a file
+    another process appends to, read as it grows), opened as :func:`read_regular` opens: never blocking, a FIFO or a
+    device one sentence."""
     fd = _open_regular(Path(path), os.O_RDONLY, error, fix)
     try:
-        return os.pread(fd, size, 0)
+        return os.pread(fd, size, offset)
     except OSError as e:
         raise error(f"{path} cannot be read ({e.strerror or e}){'; ' + fix if fix else ''}.") from None
     finally:
