@@ -6,7 +6,8 @@ and streams the workers' output into the Prefect log (one process on one machine
 would start it, without that launcher's own process: :func:`tasks.launch.without_launcher`). FILE (readable by its owner
 only, removed when the run ends) carries the launcher's validated params, the repository root and the MLflow run to the
 workers, so every rank trains exactly the same config and no credential in the params shows on a command line. The
-worker (rank 0) logs every metric to the run's MLflow child run. A killed run resumes from its last complete checkpoint
+worker (rank 0) writes every metric and image it logs to the run's stream, which the launcher sends to the run's
+MLflow child run as it comes (the workers import no MLflow). A killed run resumes from its last complete checkpoint
 when started again (the Prefect task retries a run whose process died; a run that stopped with an error of its own is
 not retried).
 
@@ -39,7 +40,7 @@ from .common import (DEFAULT_SWEEP, add_common_args, add_sweep_arg, cli, layout,
 from .launch import (Machine, accelerate_command, clear_outcomes, death, die_with_parent, error_class, launch,
                      local_context, read_context, read_outcome, remove_stale_contexts, report_error_class,
                      stop_on_signals, user_error, user_error_class, without_launcher, worker_error, write_context)
-from jagg_core.pipeline.tracking import Tracker, TrackingError
+from jagg_core.pipeline.tracking import RecordStream, StreamForwarder, Tracker, TrackingError
 from jagg_core.setup.faults import fault
 from jagg_core.setup.storage import LockedError, PromptFileError, read_prompts
 from jagg_core.world import parse_prompt, shown_prompt
@@ -54,6 +55,11 @@ class WorkerDied(TrainingError):
 def pending_file(lay: Layout, run: str) -> Path:
     """Where a training run buffers what it could not log while the MLflow store was unreachable."""
     return lay.run_dir(run) / "mlflow-pending.jsonl"
+
+
+def stream_file(lay: Layout, run: str) -> Path:
+    """Where a training run's rank-0 worker writes what it logs, for its launcher to send to MLflow."""
+    return lay.run_dir(run) / "mlflow-stream.jsonl"
 
 
 def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
@@ -205,6 +211,9 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 
 def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: Machine, restart: bool, log,  # noqa: ANN001
                  tracker, mlflow_run: str, key: str, run: str) -> dict:  # noqa: ANN001
+    logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run), once=True)
+    forwarder = StreamForwarder(tracker, logger, stream_file(lay, run))
+    forwarder.close()  # what a start that was stopped left in the run's stream is sent first
     last = _trained(lay, run, params, key)
     if last is not None:
         # Trained already (its last checkpoint verified, with these params): no worker is launched to find that out
@@ -218,7 +227,15 @@ def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: M
         context = lay.run_dir(run) / f".worker-context-{os.getpid()}.json"
         try:  # an error ends the run FAILED, Ctrl-C or SIGTERM (through stop_on_signals) KILLED: Tracker.ending
             write_context(context, params, lay, mlflow_run, key, restart)
-            _launch_workers(params, lay, method, seed, machine, context, log)
+            # The rank-0 worker writes what it logs to the run's stream; this process sends it to the MLflow run,
+            # and samples the machine (CPU, memory, GPU) into it
+            monitor = tracker.system_metrics(mlflow_run)
+            try:
+                with forwarder.running():
+                    _launch_workers(params, lay, method, seed, machine, context, log)
+            finally:
+                if monitor is not None:
+                    monitor.finish()
         finally:
             context.unlink(missing_ok=True)
     _replay_pending(tracker, mlflow_run, lay, run, log)
@@ -262,20 +279,13 @@ def worker(params: Params, lay: Layout, method: str, seed: int, *, mlflow_run: s
         trainer_log.addHandler(handler)
     trainer_log.setLevel(logging.INFO)
     trainer_log.propagate = False
-    monitor = None
     if mlflow_run and int(os.environ.get("RANK", "0")) == 0:  # accelerate sets RANK
-
-        tracker = Tracker(params, lay.root)
-        # A store that goes down mid-run does not stop training: the logger buffers on disk and replays.
-        # A resumed run logs again from its last checkpoint: the steps its MLflow run holds are not logged twice.
-        logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run_name(method, seed)), once=True)
-        monitor = tracker.system_metrics(mlflow_run)
-    try:
-        train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty(),
-              restart=restart)
-    finally:
-        if monitor is not None:
-            monitor.finish()
+        # The launcher holds the MLflow run: what this process logs goes to the run's stream, which the launcher
+        # sends as it comes (a store that goes down is buffered there; a resumed run's steps the MLflow run holds
+        # are not sent twice). This process imports no MLflow.
+        logger = RecordStream(stream_file(lay, run_name(method, seed)), mlflow_run)
+    train(params, method, seed, root=lay.root, logger=logger, run_key=run_key, progress=sys.stderr.isatty(),
+          restart=restart)
 
 
 def _retryable(task, task_run, state) -> bool:  # noqa: ANN001  (Prefect's retry_condition_fn signature)

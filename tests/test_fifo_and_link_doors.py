@@ -124,6 +124,26 @@ def test_mlflow_pending_fifo_and_link_are_one_sentence(tmp_path):
     assert good._records() == [record, record]
 
 
+def test_mlflow_stream_fifo_and_link_are_one_sentence(tmp_path):
+    """The run's record stream (`mlflow-stream.jsonl`: the worker appends what it logs, the launcher reads it as it
+    grows): a FIFO there is one sentence on both sides, not a hang; a link there does not have its target appended
+    to."""
+    from jagg_core.pipeline.mlflow_store import TrackingError
+    from jagg_core.pipeline.tracking import RecordStream, StreamForwarder
+
+    os.mkfifo(tmp_path / "mlflow-stream.jsonl")
+    with pytest.raises(TrackingError, match=r"mlflow-stream\.jsonl is not a regular file .*move it aside"):
+        within(5, lambda: RecordStream(tmp_path / "mlflow-stream.jsonl", "r").log_metrics({"reward/mean": 0.5}, 1))
+    forwarder = StreamForwarder(None, type("L", (), {"run_id": "r"})(), tmp_path / "mlflow-stream.jsonl")
+    with pytest.raises(TrackingError, match=r"mlflow-stream\.jsonl is not a regular file .*move it aside"):
+        within(5, forwarder.forward)
+    target = _precious(tmp_path)
+    os.symlink(target, tmp_path / "linked.jsonl")
+    with pytest.raises(TrackingError, match="is a symbolic link"):
+        RecordStream(tmp_path / "linked.jsonl", "r").log_metrics({"reward/mean": 0.5}, 1)
+    assert target.read_text() == "precious\n"
+
+
 def test_mlflow_db_lock_fifo_is_one_sentence(tmp_path):
     """A FIFO at `mlflow.db.lock`: `jagg train` hung before printing anything."""
     from jagg_core.pipeline.mlflow_store import TrackingError, store_creation_lock

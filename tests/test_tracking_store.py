@@ -326,6 +326,47 @@ def test_m5_a_resumed_training_logs_each_step_its_mlflow_run_holds_once(store):
         tracker.finish(run_id)
 
 
+def test_a_workers_record_stream_reaches_its_run_as_it_grows_once_and_in_order(store, caplog):
+    """A training's worker imports no MLflow: it appends what it logs (metrics, image grids, a rollout's GIF) to the
+    run's record stream, and its launcher sends it (tasks/train.py). The launcher reads the stream as it grows (a line
+    being written is read whole next time), sends each record to the run that logged it (a stopped start's stream,
+    sent by the next start), each step once where the run holds it already (a resumed training logs its last steps
+    again), skips a record naming a file outside the stream's folder with a warning, and removes the stream and its
+    files when it closes."""
+    from jagg_core.pipeline.tracking import RecordStream, StreamForwarder
+
+    tracker, root = store
+    run_id = tracker.child_run("streamed", "jagg-s0", method="jagg", seed=0, key="streamed")
+    before = tracker.child_run("streamed-before", "jagg-s0", method="jagg", seed=0, key="streamed-before")
+    stream = root / "streamed" / "mlflow-stream.jsonl"
+    stream.parent.mkdir()
+    RecordStream(stream, before).log_metrics({"reward/mean": 0.7}, 7)  # a stopped start's, for its own run
+    worker = RecordStream(stream, run_id)
+    forwarder = StreamForwarder(tracker, tracker.logger(run_id, root / "streamed" / "mlflow-pending.jsonl",
+                                                        once=True), stream)
+    _one_life(worker, [1])
+    worker.log_artifact_bytes(b"GIF89a-not-really", "rollout/step_000001.gif")
+    with open(stream, "ab") as f:  # a record being written: half of it now
+        f.write(b'{"kind": "metrics", "run_id": "' + run_id.encode() + b'", "step": 2, ')
+    assert forwarder.forward() == 5
+    assert _steps(tracker, run_id)["reward/mean"] == [1] and _sent_metrics(tracker, before) == [(7, 0.7)]
+    with open(stream, "ab") as f:  # ... and the rest of it
+        f.write(b'"time": 2, "metrics": {"reward/mean": 0.2}}\n')
+    _one_life(worker, [1, 2, 3])  # resumed from before step 1: its steps 1 and 2 are held (or sent) already
+    with open(stream, "ab") as f:
+        f.write(json.dumps({"kind": "image", "run_id": run_id, "key": "rollout", "step": 9,
+                            "file": "/etc/hostname"}).encode() + b"\n")
+    assert forwarder.close() == 11 and not stream.exists() and not (stream.parent / "mlflow-stream-files").exists()
+    assert _steps(tracker, run_id) == {k: [1, 2, 3] for k in ("reward/mean", "train/loss", "time/iteration",
+                                                             "rollout images")}
+    assert sorted(_sent_metrics(tracker, run_id)) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert [a.path for a in tracker.client.list_artifacts(run_id, "rollout")] == ["rollout/step_000001.gif"]
+    said = [r.getMessage() for r in caplog.records if "/etc/hostname" in r.getMessage()]
+    assert len(said) == 1 and "outside its images folder" in _one_sentence(said[0]), said
+    for r in (run_id, before):
+        tracker.finish(r)
+
+
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------
 
 
