@@ -13,12 +13,10 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-# --no-compile: pip would compile every installed module to bytecode (~50 of the ~110 s this install took on the Intel
-# Xeon); Python compiles the ones a process imports as it first imports them (~1.4 s for the whole stack) and keeps them.
-	$(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 # hpsv2x (hpsv2 with its BPE vocabulary): test-only reference of tests/test_hps_reference.py. --no-deps because it
 # pins pytest==7.2.0 and protobuf<4, which our stack cannot take; the test does without its other dependencies.
-	$(BIN)/python -m pip install --quiet --no-compile --no-deps hpsv2x==1.2.0
+	$(BIN)/python -m pip install --quiet --no-deps hpsv2x==1.2.0
 	touch $@
 
 setup: $(VENV)/.installed
