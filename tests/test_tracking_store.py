@@ -367,6 +367,34 @@ def test_a_workers_record_stream_reaches_its_run_as_it_grows_once_and_in_order(s
         tracker.finish(r)
 
 
+def test_a_failed_worker_s_records_reach_its_run_and_an_interrupt_leaves_them_for_the_next_start(store):
+    """While the launcher waits for its worker, a thread sends the stream every ``poll`` seconds. A worker that fails
+    (the block raises an error) still has everything it logged before sent; Ctrl-C or SIGTERM (a KeyboardInterrupt)
+    ends the launcher at once, leaving the stream to the next start, which sends it before it trains."""
+    from jagg_core.pipeline.tracking import RecordStream, StreamForwarder
+
+    tracker, root = store
+    for case, stop in (("failed", ValueError("a worker's own error")), ("interrupted", KeyboardInterrupt())):
+        run_id = tracker.child_run(f"stream-{case}", "jagg-s0", method="jagg", seed=0, key=f"stream-{case}")
+        stream = root / f"stream-{case}" / "mlflow-stream.jsonl"
+        stream.parent.mkdir()
+        forwarder = StreamForwarder(tracker, tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl",
+                                                            once=True), stream, poll=3600)  # no poll in the block
+        with pytest.raises(type(stop)):
+            with forwarder.running():
+                _one_life(RecordStream(stream, run_id), [1, 2])
+                raise stop
+        if case == "failed":
+            assert _steps(tracker, run_id)["reward/mean"] == [1, 2] and not stream.exists()
+        else:
+            assert _steps(tracker, run_id)["reward/mean"] == [] and stream.exists()
+            again = StreamForwarder(tracker, tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl",
+                                                            once=True), stream)
+            assert again.close() == 6 and not stream.exists()
+            assert _steps(tracker, run_id)["reward/mean"] == [1, 2]
+        tracker.finish(run_id)
+
+
 # --- one store, several processes; its artifacts beside it ---------------------------------------------------------
 
 

@@ -879,7 +879,10 @@ class StreamForwarder:
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        """While the block runs (the worker trains), send the stream's records as they come; then :meth:`close`."""
+        """While the block runs (the worker trains), send the stream's records as they come; then :meth:`close`,
+        also when the block fails (what the worker logged before its error reaches its run). Ctrl-C and SIGTERM
+        must end the process at once: the thread (a daemon) is told to stop and not waited for, and the next start
+        sends what is left."""
         import threading
 
         self._stop = threading.Event()
@@ -887,9 +890,19 @@ class StreamForwarder:
         self._thread.start()
         try:
             yield
-        finally:
+        except Exception:
             self._stop.set()
             self._thread.join()
+            try:
+                self.close()
+            except Exception as e:  # noqa: BLE001  (the worker's error is what ends the run; the next start sends it)
+                log.warning("MLflow: %s", redact(str(e)))
+            raise
+        except BaseException:
+            self._stop.set()
+            raise
+        self._stop.set()
+        self._thread.join()
         self.close()
 
     def _follow(self) -> None:
