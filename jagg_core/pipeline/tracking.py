@@ -551,6 +551,32 @@ class _SystemMetrics:
             log.warning("MLflow system metrics: the last samples were not logged (%s)", e)
 
 
+def _png(image: Any) -> bytes:
+    """``image`` (a PIL image or an array) as PNG bytes."""
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    (image if isinstance(image, Image.Image) else Image.fromarray(image)).save(png, format="PNG")
+    return png.getvalue()
+
+
+def _write_beside(log_file: Path, name: str, data: bytes) -> str:
+    """``data`` as the file ``name`` (relative to ``log_file``'s folder), whole before a record names it; returns
+    ``name``."""
+    (log_file.parent / name).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(log_file.parent / name, data)
+    return name
+
+
+def _append_record(log_file: Path, record: dict, fix: str) -> None:
+    """``record`` as one JSON line at the end of ``log_file`` (a pending buffer or a record stream)."""
+    import json
+
+    append_bytes(log_file, (json.dumps(record) + "\n").encode("utf-8"), TrackingError, fix=fix)
+
+
 def _beside_file(log_file: Path, folder_name: str, name: str, limit: int, what: str = "files") -> bytes | None:
     """The bytes of the file ``name`` that a record of ``log_file`` names, in the folder ``folder_name`` beside it; or
     None, with one warning, where it is gone, damaged, larger than ``limit`` or outside that folder (an absolute path
@@ -735,22 +761,14 @@ class MlflowLogger:
         self._offline = False
 
     def _append(self, record: dict, image: Any = None) -> None:
-        import json
-
         self.buffer.parent.mkdir(parents=True, exist_ok=True)
         if image is not None:
-            from PIL import Image
-
             key = record["key"].replace("/", "_")
             name = f"{self.buffer.stem}-images/{key}-{record['step']:06d}-{time.time_ns()}.png"
-            (self.buffer.parent / name).parent.mkdir(parents=True, exist_ok=True)
-            img = image if isinstance(image, Image.Image) else Image.fromarray(image)
-            img.save(self.buffer.parent / name)
-            record = {**record, "file": name}
+            record = {**record, "file": _write_beside(self.buffer, name, _png(image))}
         # Appended through the one appender: a regular file, never a link's target, never a FIFO (which hung
         # training after its first iteration while the store was down).
-        append_bytes(self.buffer, (json.dumps(record) + "\n").encode("utf-8"), TrackingError,
-                     fix="move it aside (the run's buffered metrics are in it)")
+        _append_record(self.buffer, record, "move it aside (the run's buffered metrics are in it)")
 
     def _records(self) -> list[dict]:
         """The buffer's records, oldest first. A line that is not a whole record (a write cut short by a kill, a
@@ -816,6 +834,7 @@ class MlflowLogger:
 
 _MAX_STREAM_READ = 16 << 20  # what one poll of a record stream reads at most (the rest on the next)
 _MAX_STREAM_FILE = 1 << 30  # an artifact a training writes (a rollout's animated GIF: MiBs)
+_STREAM_FIX = "move it aside (the run's metrics on their way to MLflow are in it)"
 
 
 class RecordStream:
@@ -834,14 +853,7 @@ class RecordStream:
                          "time": int(time.time() * 1000), "metrics": values})
 
     def log_image(self, image: Any, key: str, step: int) -> None:
-        import io
-
-        from PIL import Image
-
-        img = image if isinstance(image, Image.Image) else Image.fromarray(image)
-        png = io.BytesIO()
-        img.save(png, format="PNG")
-        name = self._file(f"{key.replace('/', '_')}-{int(step):06d}.png", png.getvalue())
+        name = self._file(f"{key.replace('/', '_')}-{int(step):06d}.png", _png(image))
         self._write({"kind": "image", "run_id": self.run_id, "key": key, "step": int(step), "file": name})
 
     def log_artifact_bytes(self, data: bytes, name: str) -> None:
@@ -849,16 +861,10 @@ class RecordStream:
                      "file": self._file(Path(name).name, data)})
 
     def _file(self, name: str, data: bytes) -> str:
-        rel = f"{self.path.stem}-files/{time.time_ns()}-{name}"
-        (self.path.parent / rel).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.path.parent / rel, data)  # whole before the record naming it is appended
-        return rel
+        return _write_beside(self.path, f"{self.path.stem}-files/{time.time_ns()}-{name}", data)
 
     def _write(self, record: dict) -> None:
-        import json
-
-        append_bytes(self.path, (json.dumps(record) + "\n").encode("utf-8"), TrackingError,
-                     fix="move it aside (the run's metrics on their way to MLflow are in it)")
+        _append_record(self.path, record, _STREAM_FIX)
 
 
 class StreamForwarder:
@@ -873,7 +879,6 @@ class StreamForwarder:
         self.tracker, self.path, self.poll = tracker, Path(path), poll
         self.loggers = {logger.run_id: logger}
         self.offset = 0
-        self._warned: set[int] = set()
         self._stop: Any = None
         self._thread: Any = None
 
@@ -918,24 +923,23 @@ class StreamForwarder:
         if not self.path.exists():
             return 0
         data = read_from(self.path, self.offset, _MAX_STREAM_READ, TrackingError,
-                         fix="move it aside (the run's metrics on their way to MLflow are in it)")
+                         fix=_STREAM_FIX)
         end = data.rfind(b"\n") + 1  # a line being written is read whole next time
-        lines = data[:end].decode("utf-8", "replace")
-        first = self.offset
-        self.offset += end
+        self.offset += end  # each line is read once
         count = 0
-        for n, record in json_lines(lines):
+        for _, record in json_lines(data[:end].decode("utf-8", "replace")):
             count += 1
             if _whole_record(record, ("metrics", "image", "artifact")):
                 self._send(record)
-            elif first + n not in self._warned:
-                self._warned.add(first + n)
+            else:
                 log.warning("MLflow: %s holds a line that is not a whole record (a write cut short?); skipped.",
                             self.path)
         return count
 
     def close(self) -> int:
         """Send what the stream holds that was not sent, then remove it and its files; returns how many records."""
+        import shutil
+
         count = 0
         while True:
             got = self.forward()
@@ -947,8 +951,6 @@ class StreamForwarder:
                 log.warning("MLflow: %s ends in a line that is not a whole record (a write cut short); skipped.",
                             self.path)
             self.path.unlink()
-        import shutil
-
         shutil.rmtree(self.path.parent / f"{self.path.stem}-files", ignore_errors=True)
         self.offset = 0
         return count
