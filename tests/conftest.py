@@ -21,15 +21,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 # The suite's longest files, longest first (seconds of one worker in a full run on the Intel Xeon 2-core machine,
-# 2026-12-06, at bb1214a; test_dvc_repro.py's scaled by the 28% its file saved alone at 6f50f5d): pytest-xdist hands
-# whole files (--dist loadfile) to whichever worker is free, in collection order (--no-loadscope-reorder, Makefile); a
-# long file handed out last would run alone at the end while the other workers idle. Files not named here follow, in
-# their usual order.
+# 2026-12-06, a fresh clone of 3ed4cc3): pytest-xdist hands whole files (--dist loadfile) to whichever worker is free,
+# in collection order (--no-loadscope-reorder, Makefile); a long file handed out last would run alone at the end while
+# the other workers idle. Files not named here (each under 20 s) follow, in their usual order.
 LONGEST_FIRST = {
-    "test_pool_dispatch.py": 555, "test_dvc_repro.py": 553, "test_interrupts.py": 333,
-    "test_sharded_checkpoints.py": 303, "test_trainer.py": 284, "test_pipeline.py": 222, "test_dvc_pipelines.py": 211,
-    "test_resume.py": 199, "test_frontier.py": 183, "test_redaction.py": 169, "test_plugins.py": 138,
-    "test_evaluation_cache.py": 115, "test_served_rewards.py": 110, "test_tracking_store.py": 106, "test_bench.py": 89,
+    "test_pool_dispatch.py": 331, "test_dvc_repro.py": 236, "test_interrupts.py": 199,
+    "test_sharded_checkpoints.py": 193, "test_pipeline.py": 141, "test_resume.py": 136, "test_dvc_pipelines.py": 125,
+    "test_trainer.py": 123, "test_redaction.py": 110, "test_frontier.py": 110, "test_plugins.py": 100,
+    "test_tracking_store.py": 70, "test_served_rewards.py": 66, "test_evaluation_cache.py": 64, "test_rl_signal.py": 58,
+    "test_hps_reference.py": 55, "test_storage.py": 51, "test_bench.py": 48, "test_ownership.py": 38,
+    "test_checkpoints.py": 31, "test_config.py": 30, "test_paths.py": 30, "test_fsdp.py": 24,
+    "test_algorithm_imports.py": 23, "test_worker_errors.py": 22, "test_gpu_smoke.py": 21, "test_bench_resume.py": 20,
 }
 
 
