@@ -11,20 +11,22 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 .PHONY: setup run test test-fast repro pipelines
 
 # The packages go in with uv's pip interface (pip only installs uv): the same resolution of pyproject.toml, in ~40 s
-# instead of pip's ~110 s on 2 cores (docs/timings.md). uv reads no pip.conf: behind a package mirror, set
-# UV_DEFAULT_INDEX (a PIP_INDEX_URL in the environment is passed on). --compile-bytecode: what pip does by default.
+# instead of pip's ~110 s on 2 cores (docs/timings.md); --compile-bytecode, as pip does by default. uv reads no
+# pip.conf: behind a package mirror set UV_DEFAULT_INDEX (a PIP_INDEX_URL in the environment is passed on). Where uv
+# cannot be installed or cannot install (no wheel for the platform, no writable cache), pip installs the same, saying so.
 UV := $(BIN)/uv pip install --quiet --python $(BIN)/python --compile-bytecode
 ifdef PIP_INDEX_URL
 export UV_DEFAULT_INDEX ?= $(PIP_INDEX_URL)
 endif
+INSTALL = { $(BIN)/python -m pip install --quiet 'uv>=0.9' && $(UV) $(1); } || \
+	{ echo "make setup: uv failed (above); pip installs $(1) instead." >&2; $(BIN)/python -m pip install --quiet $(1); }
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet 'uv>=0.9'
-	$(UV) -e '.[dev]'
+	$(call INSTALL,-e '.[dev]')
 # hpsv2x (hpsv2 with its BPE vocabulary): test-only reference of tests/test_hps_reference.py. --no-deps because it
 # pins pytest==7.2.0 and protobuf<4, which our stack cannot take; the test does without its other dependencies.
-	$(UV) --no-deps hpsv2x==1.2.0
+	$(call INSTALL,--no-deps hpsv2x==1.2.0)
 # The project's own modules compiled to bytecode once, as pip compiles the packages it installs (an editable install's
 # are not): where PYTHONDONTWRITEBYTECODE is set, as on this project's machines, every process compiled them again
 # (~0.25 s of CPU for a stage's imports).
