@@ -190,6 +190,27 @@ def test_plugins_must_be_a_list_of_paths(at):
         "[plugins/my_reward.py].")
 
 
+
+def test_the_entry_points_are_read_once_per_process_however_often_the_registry_is_asked(monkeypatch):
+    """Every registry lookup imports the plugins it has not imported yet; reading the entry points scans every
+    installed distribution's metadata (~5 ms), which one `jagg evaluate` did 70 times. Now once per process."""
+    calls = []
+
+    def counted(**kwargs):
+        calls.append(kwargs)
+        return real(**kwargs)
+
+    real = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points", counted)
+    registry._plugin_entry_points.cache_clear()
+    try:
+        for _ in range(5):
+            assert registry.reward_spec("toy_fidelity").name == "toy_fidelity"
+            assert "toy-flux" in registry.backbone_names()
+        assert calls == [{"group": registry.ENTRY_POINT_GROUP}]
+    finally:
+        registry._plugin_entry_points.cache_clear()  # the next lookup reads the real ones again
+
 # --- Through the command line, in a copy of the project ----------------------------------------------------------
 
 STYLES = ("anime", "concept-art", "paintings", "photo")
