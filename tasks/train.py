@@ -62,9 +62,10 @@ def stream_file(lay: Layout, run: str) -> Path:
     return lay.run_dir(run) / "mlflow-stream.jsonl"
 
 
-def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> None:  # noqa: ANN001
-    """Send what the run buffered during an outage of the store; if the store is still down, say what waits where."""
-    logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run), once=True)  # a replay cut by a kill: once
+def _replay_pending(logger, run: str, log) -> None:  # noqa: ANN001  (the run's MlflowLogger)
+    """Send what the run buffered during an outage of the store (``logger``: the launcher's ``once`` logger on the
+    run's pending file, so a replay cut by a kill is not sent twice); if the store is still down, say what waits
+    where."""
     waiting = logger.pending()
     if not waiting:
         return
@@ -72,7 +73,7 @@ def _replay_pending(tracker, mlflow_run: str, lay: Layout, run: str, log) -> Non
         log.info("%s: sending %d records buffered while the MLflow store was unreachable", run, logger.flush())
     except TrackingError as e:
         raise TrackingError(f"training run {run} finished, but {logger.pending()} records wait in "
-                            f"{pending_file(lay, run)} for the MLflow store ({e}); run the stage again when the store "
+                            f"{logger.buffer} for the MLflow store ({e}); run the stage again when the store "
                             f"is back: it sends them and does not train again.") from None
 
 
@@ -238,7 +239,7 @@ def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: M
                     monitor.finish()
         finally:
             context.unlink(missing_ok=True)
-    _replay_pending(tracker, mlflow_run, lay, run, log)
+    _replay_pending(logger, run, log)  # the forwarder's logger: what it knows the run holds, not read again
     tracker.set_tags(mlflow_run, checkpoint_tags(lay, run, last))
     tracker.finish(mlflow_run)
     return {"run": run, "mlflow_run_id": mlflow_run, "curve": str(lay.curve(run))}

@@ -187,7 +187,8 @@ def test_m7_a_damaged_pending_buffer_line_is_reported_once(tmp_path, caplog):
     record = {"kind": "metrics", "run_id": run_id, "step": 1, "time": 1, "metrics": {"reward/mean": 0.5}}
     buffer.write_text(json.dumps(record) + "\n" + json.dumps(record)[:20] + "\n")
     with caplog.at_level(logging.WARNING):
-        _replay_pending(tracker, run_id, lay, "jagg-s0", logging.getLogger("jagg.train"))
+        logger = tracker.logger(run_id, buffer=buffer, once=True)  # the launcher's, as tasks.train makes it
+        _replay_pending(logger, "jagg-s0", logging.getLogger("jagg.train"))
     said = [r.getMessage() for r in caplog.records if "not a whole record" in r.getMessage()]
     assert len(said) == 1, said
     assert not buffer.exists()
