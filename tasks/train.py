@@ -213,7 +213,7 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
 def _train_rank0(params: Params, lay: Layout, method: str, seed: int, machine: Machine, restart: bool, log,  # noqa: ANN001
                  tracker, mlflow_run: str, key: str, run: str) -> dict:  # noqa: ANN001
     logger = tracker.logger(mlflow_run, buffer=pending_file(lay, run), once=True)
-    forwarder = StreamForwarder(tracker, logger, stream_file(lay, run))
+    forwarder = StreamForwarder(logger, stream_file(lay, run))
     forwarder.close()  # what a start that was stopped left in the run's stream is sent first
     last = _trained(lay, run, params, key)
     if last is not None:

@@ -134,7 +134,7 @@ def test_mlflow_stream_fifo_and_link_are_one_sentence(tmp_path):
     os.mkfifo(tmp_path / "mlflow-stream.jsonl")
     with pytest.raises(TrackingError, match=r"mlflow-stream\.jsonl is not a regular file .*move it aside"):
         within(5, lambda: RecordStream(tmp_path / "mlflow-stream.jsonl", "r").log_metrics({"reward/mean": 0.5}, 1))
-    forwarder = StreamForwarder(None, type("L", (), {"run_id": "r"})(), tmp_path / "mlflow-stream.jsonl")
+    forwarder = StreamForwarder(type("L", (), {"run_id": "r"})(), tmp_path / "mlflow-stream.jsonl")
     with pytest.raises(TrackingError, match=r"mlflow-stream\.jsonl is not a regular file .*move it aside"):
         within(5, forwarder.forward)
     target = _precious(tmp_path)

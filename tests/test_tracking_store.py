@@ -343,8 +343,7 @@ def test_a_workers_record_stream_reaches_its_run_as_it_grows_once_and_in_order(s
     stream.parent.mkdir()
     RecordStream(stream, before).log_metrics({"reward/mean": 0.7}, 7)  # a stopped start's, for its own run
     worker = RecordStream(stream, run_id)
-    forwarder = StreamForwarder(tracker, tracker.logger(run_id, root / "streamed" / "mlflow-pending.jsonl",
-                                                        once=True), stream)
+    forwarder = StreamForwarder(tracker.logger(run_id, root / "streamed" / "mlflow-pending.jsonl", once=True), stream)
     _one_life(worker, [1])
     worker.log_artifact_bytes(b"GIF89a-not-really", "rollout/step_000001.gif")
     with open(stream, "ab") as f:  # a record being written: half of it now
@@ -379,8 +378,8 @@ def test_a_failed_worker_s_records_reach_its_run_and_an_interrupt_leaves_them_fo
         run_id = tracker.child_run(f"stream-{case}", "jagg-s0", method="jagg", seed=0, key=f"stream-{case}")
         stream = root / f"stream-{case}" / "mlflow-stream.jsonl"
         stream.parent.mkdir()
-        forwarder = StreamForwarder(tracker, tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl",
-                                                            once=True), stream, poll=3600)  # no poll in the block
+        forwarder = StreamForwarder(tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl", once=True), stream,
+                                    poll=3600)  # no poll in the block
         with pytest.raises(type(stop)):
             with forwarder.running():
                 _one_life(RecordStream(stream, run_id), [1, 2])
@@ -389,8 +388,7 @@ def test_a_failed_worker_s_records_reach_its_run_and_an_interrupt_leaves_them_fo
             assert _steps(tracker, run_id)["reward/mean"] == [1, 2] and not stream.exists()
         else:
             assert _steps(tracker, run_id)["reward/mean"] == [] and stream.exists()
-            again = StreamForwarder(tracker, tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl",
-                                                            once=True), stream)
+            again = StreamForwarder(tracker.logger(run_id, stream.parent / "mlflow-pending.jsonl", once=True), stream)
             assert again.close() == 6 and not stream.exists()
             assert _steps(tracker, run_id)["reward/mean"] == [1, 2]
         tracker.finish(run_id)

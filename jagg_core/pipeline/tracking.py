@@ -875,8 +875,8 @@ class StreamForwarder:
     start that was stopped left its stream: the next start sends it before it trains). :meth:`close` sends what is
     left and removes the stream, which the worker (gone by then) no longer writes."""
 
-    def __init__(self, tracker: Tracker, logger: MlflowLogger, path: str | os.PathLike, poll: float = 1.0):
-        self.tracker, self.path, self.poll = tracker, Path(path), poll
+    def __init__(self, logger: MlflowLogger, path: str | os.PathLike, poll: float = 1.0):
+        self.path, self.poll = Path(path), poll
         self.loggers = {logger.run_id: logger}
         self.offset = 0
         self._stop: Any = None
@@ -922,8 +922,7 @@ class StreamForwarder:
         """Send the stream's whole records written since the last call; returns how many were read."""
         if not self.path.exists():
             return 0
-        data = read_from(self.path, self.offset, _MAX_STREAM_READ, TrackingError,
-                         fix=_STREAM_FIX)
+        data = read_from(self.path, self.offset, _MAX_STREAM_READ, TrackingError, fix=_STREAM_FIX)
         end = data.rfind(b"\n") + 1  # a line being written is read whole next time
         self.offset += end  # each line is read once
         count = 0
@@ -960,7 +959,7 @@ class StreamForwarder:
         logger = self.loggers.get(run_id)
         if logger is None:  # a stopped start's run: its own logger, the same pending file
             first = next(iter(self.loggers.values()))
-            logger = self.loggers[run_id] = self.tracker.logger(run_id, buffer=first.buffer, once=True)
+            logger = self.loggers[run_id] = first.tracker.logger(run_id, buffer=first.buffer, once=True)
         folder = f"{self.path.stem}-files"
         if record["kind"] == "metrics":
             logger.log_metrics(record["metrics"], record["step"], time_ms=record["time"])
