@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from .jagg import StepLoss, group_backward, plan_groups
+from .jagg import Estimator, StepLoss, group_backward, plan_groups
 
 __all__ = ["FidelityReport", "gradient_fidelity", "jagg_frac_from_cosines"]
 
@@ -91,6 +91,7 @@ def gradient_fidelity(
     steps = list(range(t.numel())) if steps is None else list(steps)
     saved = [None if p.grad is None else p.grad.detach().clone() for p in params]
     report = FidelityReport(window=window, anchors=anchors)
+    estimator = Estimator(anchors=anchors)
 
     def group_grad(group_steps: tuple[int, ...], mode: str) -> torch.Tensor:
         for p in params:
@@ -101,7 +102,7 @@ def gradient_fidelity(
             t[list(group_steps)],
             mode,
             variant,
-            anchors=anchors,
+            estimator=estimator,
         )
         flat = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(torch.float64)

@@ -44,10 +44,13 @@ __all__ = [
     "EXACT_MODES",
     "MODES",
     "VARIANTS",
+    "Estimator",
     "Group",
     "GroupStats",
     "GroupSteps",
     "RANDOM_ANCHOR",
+    "SUBSETS",
+    "Surrogate",
     "anchor_positions",
     "anchor_weights",
     "draw_random_anchor",
@@ -57,6 +60,9 @@ __all__ = [
     "aggregate_upstream",
     "plan_groups",
     "group_backward",
+    "group_surrogate",
+    "group_timesteps",
+    "inner_product",
     "run_group",
 ]
 
@@ -65,8 +71,23 @@ Velocity = Callable[[int], torch.Tensor]
 StepLoss = Callable[[int, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]"]
 
 
+def group_timesteps(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
+    """(W,) float64 network timesteps of a group, from the (W,) of one trajectory or the (B, W) that Flow-GRPO and
+    DanceGRPO store (``sample["timesteps"][:, steps]``: every image of a batch at the same steps, so the rows must
+    agree; per-image timesteps cannot share one interpolation)."""
+    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu()
+    if t.ndim == 2:
+        if t.shape[0] == 0 or not bool((t == t[:1]).all()):
+            raise ValueError(f"(B, W) group timesteps must be the same in every row (one trajectory's steps), got "
+                             f"{t.shape[0]} rows that differ; pass one row, or one group per set of timesteps.")
+        t = t[0]
+    if t.ndim > 2:
+        raise ValueError(f"group timesteps must be (W,) or (B, W), got shape {tuple(t.shape)}.")
+    return t.flatten()
+
+
 def _as_timesteps(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
-    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
+    t = group_timesteps(t)
     if t.numel() < 2:
         raise ValueError(f"a group needs at least 2 timesteps, got {t.numel()}.")
     d = t[1:] - t[:-1]
@@ -189,6 +210,9 @@ class Group:
 AUTO_FALLBACK_JAGG_FRAC = 0.6
 
 
+SUBSETS: tuple[str, ...] = ("prefix", "random")  # plan_groups' timestep subsets: Flow-GRPO's and DanceGRPO's
+
+
 def plan_groups(
     num_steps: int | Sequence[int],
     window: int,
@@ -196,49 +220,100 @@ def plan_groups(
     *,
     mode: str = "jagg",
     fraction: float = 1.0,
+    subset: str | None = None,
     generator: torch.Generator | None = None,
 ) -> list[Group]:
     """Cut the trained steps into groups of ``window`` consecutive steps and route each to a backward mode.
 
     The first ``round(jagg_frac · n_full)`` full groups in denoising order (high noise first) use ``mode``; the rest
-    and a trailing partial group use exact backward. ``fraction < 1`` keeps a random subset of whole groups
-    (DanceGRPO's timestep_fraction, never single steps out of a group); a kept group keeps its routing.
+    and a trailing partial group use exact backward. ``window=1`` is the off switch: every step its own exact group,
+    the per-step loop of Flow-GRPO and DanceGRPO.
 
     Args:
         num_steps: the number of trained steps (0..T−1), or the trained step indices in denoising order.
-        window: W ≥ 2.
+        window: W ≥ 1 (1: JAGG off).
         jagg_frac: fraction of full groups, from the high-noise end, that use ``mode``.
         mode: one of :data:`MODES`: ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` route the leading groups;
             ``"exact"`` or ``"exact_batched"`` route every group, the partial one included (the baseline).
-        fraction: fraction of groups kept, in (0, 1].
-        generator: RNG for the subset.
+        fraction: the share of the steps trained, in (0, 1]; below 1, ``subset`` must say which steps:
+            ``"prefix"`` is Flow-GRPO's ``timestep_fraction`` (the first ``int(fraction · T)`` steps, then cut into
+            groups: the steps Flow-GRPO trains); ``"random"`` is DanceGRPO's (a random subset of whole groups,
+            ``max(1, round(fraction · n_groups))`` of them, never single steps out of a group; a kept group keeps
+            its routing).
+        subset: ``"prefix"`` or ``"random"`` (only with ``fraction < 1``).
+        generator: RNG for the random subset.
     """
     steps = list(range(num_steps)) if isinstance(num_steps, int) else [int(s) for s in num_steps]
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
-    if window < 2:
-        raise ValueError(f"window must be at least 2, got {window}.")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer of at least 1 (1: JAGG off, every step exact), got {window!r}.")
     if not 0.0 <= jagg_frac <= 1.0:
         raise ValueError(f"jagg_frac must be in [0, 1], got {jagg_frac}.")
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1], got {fraction}.")
+    if fraction < 1.0 and subset not in SUBSETS:
+        raise ValueError(f"fraction {fraction} trains a subset of the steps: say which with subset='prefix' "
+                         f"(Flow-GRPO's timestep_fraction: the first int(fraction · T) steps) or subset='random' "
+                         f"(DanceGRPO's: random whole groups), got subset={subset!r}.")
+    if fraction < 1.0 and subset == "prefix":
+        keep = int(len(steps) * fraction)  # as Flow-GRPO: int(num_steps * timestep_fraction)
+        if keep < 1:
+            raise ValueError(f"fraction {fraction} of {len(steps)} trained steps keeps none (int() rounds down).")
+        steps = steps[:keep]
     chunks = [tuple(steps[i : i + window]) for i in range(0, len(steps), window)]
     n_full = len(steps) // window
-    if mode in EXACT_MODES:  # the exact baselines: every group, the partial one too
-        groups = [Group(c, mode, i) for i, c in enumerate(chunks)]
+    if mode in EXACT_MODES or window == 1:  # the exact baselines and the off switch: every group, the partial one too
+        groups = [Group(c, "exact" if window == 1 else mode, i) for i, c in enumerate(chunks)]
     else:
         n_routed = math.floor(jagg_frac * n_full + 0.5)  # round half up
         groups = [Group(c, mode if i < n_routed else "exact", i) for i, c in enumerate(chunks)]
-    if fraction < 1.0 and groups:
+    if fraction < 1.0 and subset == "random" and groups:
         keep = max(1, round(fraction * len(groups)))
         chosen = torch.randperm(len(groups), generator=generator)[:keep].sort().values
         groups = [groups[int(i)] for i in chosen]
     return groups
 
 
+@dataclass(frozen=True)
+class Estimator:
+    """How an anchored group's gradient is estimated, beyond its mode: one value instead of a list of arguments.
+
+    ``anchors``: K, the steps kept with autograd graphs, evenly spread (2: the paper's JAGG; W: exact);
+    ``anchor_at``: their positions instead (both endpoints included); ``random_anchor``: ``None`` (the deterministic
+    interpolation), ``"group"`` or ``"image"``: one more anchor drawn at random, per group or per image, which makes
+    the estimator unbiased (jagg mode only; module docstring); ``random_anchor_p``: its law over the non-anchor steps
+    (:func:`random_anchor_probabilities`); ``random_anchor_weight``: λ, the share of its correction applied (1:
+    unbiased, 0: JAGG; in between the expectation is JAGG + λ (exact − JAGG), the variance λ² the unbiased one's).
+    """
+
+    anchors: int = 2
+    anchor_at: tuple[int, ...] | None = None
+    random_anchor: str | None = None
+    random_anchor_p: str | tuple[float, ...] = "uniform"
+    random_anchor_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.anchors, bool) or not isinstance(self.anchors, int) or self.anchors < 2:
+            raise ValueError(f"anchors must be an integer of at least 2, got {self.anchors!r}.")
+        if self.anchor_at is not None:
+            object.__setattr__(self, "anchor_at", tuple(int(a) for a in self.anchor_at))
+        if not isinstance(self.random_anchor_p, str):
+            object.__setattr__(self, "random_anchor_p", tuple(float(x) for x in self.random_anchor_p))
+        if self.random_anchor is not None and self.random_anchor not in RANDOM_ANCHOR:
+            raise ValueError(f"random_anchor must be None or one of {RANDOM_ANCHOR}, got {self.random_anchor!r}.")
+        w = self.random_anchor_weight
+        if isinstance(w, bool) or not (isinstance(w, (int, float)) and 0.0 <= w <= 1.0):
+            raise ValueError(f"random_anchor_weight must be a number in [0, 1], got {w!r}.")
+
+    def positions(self, window: int) -> tuple[int, ...]:
+        """The anchors of a group of ``window`` steps (:func:`resolve_anchors`)."""
+        return resolve_anchors(window, self.anchors, self.anchor_at)
+
+
 @dataclass
 class GroupStats:
-    """What one call of :func:`group_backward` did."""
+    """What one call of :func:`group_backward` (or :func:`group_surrogate`) did."""
 
     mode: str
     variant: str
@@ -248,8 +323,8 @@ class GroupStats:
     forward_calls: int = 0  # policy calls (a batched anchor forward is one call for several steps)
     nograd_forwards: int = 0  # velocity calls under no_grad
     reused_velocities: int = 0  # middle velocities taken from middle_velocity instead of a forward
-    backward_calls: int = 0  # torch.autograd.backward calls (transformer backward passes)
-    backward_seconds: float = 0.0  # wall time inside those calls
+    backward_calls: int = 0  # transformer backward passes (group_surrogate: the caller's one)
+    backward_seconds: float = 0.0  # wall time inside those calls (group_surrogate: 0, the caller runs it)
     random_anchor: list[int] = field(default_factory=list)  # the drawn step of each row (random_anchor only)
     extras: dict[str, float] = field(default_factory=dict)  # mean over steps of step_loss's extra stats
 
@@ -266,11 +341,24 @@ def _upstream(step_loss: StepLoss, j: int, v: torch.Tensor) -> tuple[torch.Tenso
     with torch.enable_grad():
         out = step_loss(j, proxy)
         loss, extras = (out if isinstance(out, tuple) else (out, {}))
-        if loss.ndim != 0:
-            raise ValueError(f"step_loss must return a scalar, got shape {tuple(loss.shape)}.")
+        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+            raise ValueError(f"step_loss must return a scalar tensor (or (scalar, {{name: stat}})), got "
+                             f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}.")
         (s,) = torch.autograd.grad(loss, proxy, allow_unused=True)
     s = torch.zeros_like(proxy) if s is None else s  # a loss that ignores v (e.g. zero advantages)
     return s, float(loss.detach()), {k: float(x) for k, x in extras.items()}
+
+
+def inner_product(outputs: Sequence[torch.Tensor], cotangents: Sequence[torch.Tensor]) -> torch.Tensor:
+    """() ``Σ_i ⟨outputs_i, cotangents_i⟩`` with the cotangents detached: its gradient reaches each output as exactly
+    its cotangent (kept in float32 or wider, so a GradScaler's scale multiplies it before any cast to the output's
+    half precision, as it would the loss's own gradient), so backpropagating it is ``torch.autograd.backward(outputs,
+    cotangents)`` by any caller's backward (``accelerator.backward``, a GradScaler, DeepSpeed's engine)."""
+    total = None
+    for o, c in zip(outputs, cotangents):
+        term = (o * c.detach()).sum()
+        total = term if total is None else total + term
+    return total
 
 
 def group_backward(
@@ -280,43 +368,35 @@ def group_backward(
     mode: str,
     variant: str = "joint",
     *,
-    anchors: int = 2,
-    anchor_at: Sequence[int] | None = None,
-    random_anchor: str | None = None,
-    random_anchor_p: str | Sequence[float] = "uniform",
-    random_anchor_weight: float = 1.0,
+    estimator: Estimator | None = None,
     generator: torch.Generator | None = None,
     draw: int | torch.Tensor | None = None,
     middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
     velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
     velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     before_backward: Callable[[bool], None] | None = None,
+    backward: Callable[[torch.Tensor], None] | None = None,
 ) -> GroupStats:
     """Accumulate the group's GRPO gradient into the parameters' ``.grad``, like ``loss.backward()``.
 
     A dispatcher over one function per path: :func:`_exact_backward` (``exact``), :func:`_exact_batched_backward`
     (``exact_batched``) and :func:`_anchored_backward` (``jagg``, ``ablate``, ``ablate_matched``: Eq. 7), whose
-    anchors go through :func:`_joint_anchors` or :func:`_sequential_anchors`.
+    anchors go through :func:`_joint_anchors` or :func:`_sequential_anchors`. :func:`group_surrogate` is the form
+    whose one backward the caller runs.
 
     Args:
         velocity: ``j -> v_j`` runs the policy on stored step j (0 ≤ j < W) of the group; this function decides the
             grad mode around each call.
         step_loss: ``(j, v) -> L_j`` (or ``(L_j, {name: stat})``), a scalar differentiable in ``v`` only. Its scale
             is the caller's (e.g. ``L_j / W``).
-        t: (W,) network timesteps of the group.
+        t: the group's network timesteps, (W,) or Flow-GRPO's (B, W) with equal rows (:func:`group_timesteps`).
         mode: one of :data:`MODES` (``jagg_core.modes``): ``"exact"``, ``"exact_batched"`` (exact, all W steps in one
             forward call and one backward), ``"jagg"``, ``"ablate"`` or ``"ablate_matched"`` (anchor signals scaled
             by W/K).
         variant: ``"joint"`` (one backward over all anchors) or ``"sequential"`` (one anchor graph at a time); the
             exact modes ignore it.
-        anchors: K, the number of anchors with autograd graphs (jagg/ablate); 2 is the paper's JAGG.
-        anchor_at: the anchors' positions in the group instead of K evenly spread (0 and W − 1 included).
-        random_anchor: ``None`` (the deterministic interpolation), ``"group"`` or ``"image"``: one more anchor drawn
-            at random, per group or per image, that makes the estimator unbiased (jagg mode only; module docstring).
-        random_anchor_p: its law over the non-anchor steps (:func:`random_anchor_probabilities`).
-        random_anchor_weight: λ, the share of the correction applied: 1 is unbiased, 0 is JAGG; in between the
-            expectation is JAGG + λ (exact − JAGG) and the draw's variance λ² times the unbiased one's.
-        generator: the draws' RNG (a trainer seeds one per iteration, so a resumed run draws the same steps).
+        estimator: the anchors and the random anchor (:class:`Estimator`; default: the paper's two endpoints).
+        generator: the random anchor's RNG (a trainer seeds one per iteration, so a resumed run draws the same steps).
         draw: the drawn step(s) instead of a draw: an int for every row, or a (B,) tensor, one per row (tests,
             studies that enumerate every draw).
         middle_velocity: ``j -> v_j or None``: a velocity already known for a non-anchor step (e.g. kept by the
@@ -326,43 +406,94 @@ def group_backward(
             ``exact_batched`` forwards all W steps through it (W separate calls without it).
         velocity_rows: ``(rows, js) -> v`` for the image rows ``rows`` (int64), each at its own step ``js[i]``, in one
             call: what ``random_anchor="image"`` forwards its drawn steps and the rest of the middle steps with.
-        before_backward: called with ``last`` before each backward call (``last`` for the group's final one); a
+        before_backward: called with ``last`` before each backward pass (``last`` for the group's final one); a
             data-parallel caller uses it to synchronise gradients only once.
+        backward: the caller's backward (``accelerator.backward``, ``lambda x: scaler.scale(x).backward()``, DeepSpeed's
+            ``engine.backward``), called once per backward pass with a scalar whose gradient is that pass's
+            (:func:`inner_product`; its value is not the loss); default ``torch.autograd.backward`` of the outputs.
     """
+    t = group_timesteps(t)
+    run = _GroupRun(velocity, step_loss, GroupStats(mode=mode, variant=variant, window=t.numel()), middle_velocity,
+                    velocity_batch, velocity_rows, before_backward, backward)
+    return _dispatch(run, t, mode, variant, estimator or Estimator(), generator, draw)
+
+
+@dataclass
+class Surrogate:
+    """The group's update as a scalar the caller differentiates: ``loss``'s value is the group's loss ``Σ_j L_j``, its
+    gradient the estimator's (every graph the group keeps is alive until the caller's backward)."""
+
+    loss: torch.Tensor  # () differentiable
+    stats: GroupStats
+
+
+def group_surrogate(
+    velocity: Velocity,
+    step_loss: StepLoss,
+    t: torch.Tensor | Sequence[float],
+    mode: str,
+    *,
+    estimator: Estimator | None = None,
+    generator: torch.Generator | None = None,
+    draw: int | torch.Tensor | None = None,
+    middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
+    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
+    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Surrogate:
+    """The group's update with the backward left to the caller: ``accelerator.backward(surrogate.loss)``, a GradScaler's
+    ``scaler.scale(surrogate.loss).backward()``, DeepSpeed's ``engine.backward``, inside DDP's ``no_sync`` or not.
+
+    The scalar is ``Σ_k ⟨v_k, c_k⟩`` (:func:`inner_product`) over the graphs the group keeps — the joint variant's
+    anchors and their aggregated cotangents (Eq. 7); in the exact modes every step's velocity and signal — shifted so
+    its value is the group's loss. Its gradient is :func:`group_backward`'s to the last bit in float32 and float64
+    (tests/test_jagg.py). Memory: the joint variant's (K anchor graphs alive, K + 1 with a random anchor); an exact
+    group keeps all W graphs (``exact_batched``'s memory): for the per-step loop's memory use :func:`group_backward`
+    with ``backward=``, which also runs the sequential variant. Arguments as :func:`group_backward`'s.
+    """
+    t = group_timesteps(t)
+    run = _GroupRun(velocity, step_loss, GroupStats(mode=mode, variant="joint", window=t.numel()), middle_velocity,
+                    velocity_batch, velocity_rows, collected=[])
+    stats = _dispatch(run, t, mode, "joint", estimator or Estimator(), generator, draw)
+    outputs, cotangents = zip(*run.collected)
+    inner = inner_product(outputs, cotangents)
+    loss = inner + (torch.as_tensor(stats.loss, dtype=inner.dtype, device=inner.device) - inner.detach())
+    stats.backward_calls = 1
+    return Surrogate(loss, stats)
+
+
+def _dispatch(run: "_GroupRun", t: torch.Tensor, mode: str, variant: str, estimator: Estimator,
+              generator: torch.Generator | None, draw: int | torch.Tensor | None) -> GroupStats:
+    """The group's path by mode (both forms share it): the exact loop, the batched exact, or the anchors of Eq. 7."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}.")
-    if random_anchor is not None and random_anchor not in RANDOM_ANCHOR:
-        raise ValueError(f"random_anchor must be None or one of {RANDOM_ANCHOR}, got {random_anchor!r}.")
-    if not (isinstance(random_anchor_weight, (int, float)) and 0.0 <= random_anchor_weight <= 1.0):
-        raise ValueError(f"random_anchor_weight must be a number in [0, 1], got {random_anchor_weight!r}.")
-    if random_anchor == "image" and velocity_rows is None and mode == "jagg":
+    if not isinstance(estimator, Estimator):
+        raise ValueError(f"estimator must be a jagg_core.Estimator, got {type(estimator).__name__}.")
+    if estimator.random_anchor == "image" and run.velocity_rows is None and mode == "jagg":
         raise ValueError("random_anchor='image' forwards each image at its own drawn step: it needs velocity_rows.")
-    t = torch.as_tensor(t, dtype=torch.float64).detach().cpu().flatten()
-    run = _GroupRun(step_loss, before_backward, GroupStats(mode=mode, variant=variant, window=t.numel()))
     if mode == "exact" or t.numel() < 2:
         run.stats.mode = "exact"
-        _exact_backward(run, velocity, t.numel())
+        _exact_backward(run, t.numel())
     elif mode == "exact_batched":
-        _exact_batched_backward(run, velocity, velocity_batch, t.numel())
+        _exact_batched_backward(run, t.numel())
     else:
-        pos = resolve_anchors(t.numel(), anchors, anchor_at)
+        pos = estimator.positions(t.numel())
         probe = None
-        if random_anchor is not None and mode == "jagg" and len(pos) < t.numel():
-            probe = _Probe(random_anchor_probabilities(t, pos, random_anchor_p), random_anchor, generator, draw,
-                           velocity_rows, float(random_anchor_weight))
-        _anchored_backward(run, velocity, t, mode, variant, pos, middle_velocity, velocity_batch, probe)
+        if estimator.random_anchor is not None and mode == "jagg" and len(pos) < t.numel():
+            probe = _Probe(random_anchor_probabilities(t, pos, estimator.random_anchor_p), estimator.random_anchor,
+                           generator, draw, float(estimator.random_anchor_weight))
+        _anchored_backward(run, t, mode, variant, pos, probe)
     run.stats.extras = {k: sum(x) / len(x) for k, x in run.extras.items()}
     return run.stats
-
 
 
 class GroupSteps(Protocol):
     """One group's stored steps as one object: what :func:`run_group` hands to :func:`group_backward`.
 
     ``velocity`` and ``step_loss`` are required (:func:`group_backward`'s two callables); ``middle_velocity``,
-    ``velocity_batch`` and ``before_backward`` are optional members, used where the object has them (not None).
+    ``velocity_batch``, ``velocity_rows`` and ``before_backward`` are optional members, used where the object has
+    them (not None).
     """
 
     def velocity(self, j: int) -> torch.Tensor: ...
@@ -371,11 +502,11 @@ class GroupSteps(Protocol):
 
 
 def run_group(steps: GroupSteps, t: torch.Tensor | Sequence[float], mode: str, variant: str = "joint", *,
-              anchors: int = 2, **options) -> GroupStats:
+              estimator: Estimator | None = None, **options) -> GroupStats:
     """:func:`group_backward` of the group ``steps`` holds: its two callables and the optional ones it has;
-    ``options`` are :func:`group_backward`'s keyword options (``anchor_at``, ``random_anchor``, ``generator``, …)."""
+    ``options`` are :func:`group_backward`'s other keyword options (``generator``, ``draw``, ``backward``)."""
     return group_backward(
-        steps.velocity, steps.step_loss, t, mode, variant, anchors=anchors,
+        steps.velocity, steps.step_loss, t, mode, variant, estimator=estimator,
         middle_velocity=getattr(steps, "middle_velocity", None),
         velocity_batch=getattr(steps, "velocity_batch", None),
         velocity_rows=getattr(steps, "velocity_rows", None),
@@ -383,13 +514,24 @@ def run_group(steps: GroupSteps, t: torch.Tensor | Sequence[float], mode: str, v
         **options,
     )
 
+
 @dataclass
 class _GroupRun:
-    """What every path of :func:`group_backward` shares: the step losses' signals and the counted backward calls."""
+    """What every path shares: the group's callables, the step losses' signals and the counted backward passes.
 
+    ``collected`` (the surrogate form) gathers each pass's (output, cotangent) pairs for the caller's one backward
+    instead of running it; ``backward_fn`` is the caller's backward of each pass's :func:`inner_product`.
+    """
+
+    velocity: Velocity
     step_loss: StepLoss
-    before_backward: Callable[[bool], None] | None
     stats: GroupStats
+    middle_velocity: Callable[[int], torch.Tensor | None] | None = None
+    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None
+    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    before_backward: Callable[[bool], None] | None = None
+    backward_fn: Callable[[torch.Tensor], None] | None = None
+    collected: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     extras: dict[str, list[float]] = field(default_factory=dict)
 
     def signal(self, j: int, v: torch.Tensor) -> torch.Tensor:
@@ -400,39 +542,48 @@ class _GroupRun:
             self.extras.setdefault(k, []).append(x)
         return s
 
+    def forward(self, j: int) -> torch.Tensor:
+        """v_j with autograd recording: one graph, one policy call."""
+        self.stats.grad_forwards += 1
+        self.stats.forward_calls += 1
+        return self.velocity(j)
+
     def backward(self, outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
-        """One transformer backward pass: ``Σ_i outputs_iᵀ grads_i`` into ``.grad``."""
+        """One transformer backward pass: ``Σ_i outputs_iᵀ grads_i`` into ``.grad`` (or kept for the caller's)."""
+        if self.collected is not None:
+            self.collected.extend(zip(outputs, grads))
+            return
         if self.before_backward is not None:
             self.before_backward(last)
         t0 = _clock(outputs[0])
-        torch.autograd.backward(outputs, grads)
+        if self.backward_fn is None:
+            torch.autograd.backward(outputs, [g.to(o.dtype) for g, o in zip(grads, outputs)])
+        else:
+            self.backward_fn(inner_product(outputs, grads))
         self.stats.backward_seconds += _clock(outputs[0]) - t0
         self.stats.backward_calls += 1
 
 
-def _exact_backward(run: _GroupRun, velocity: Velocity, w: int) -> None:
+def _exact_backward(run: _GroupRun, w: int) -> None:
     """The baseline: every step forwards with grad and backwards on its own (at most one graph alive)."""
     for j in range(w):
-        v = velocity(j)
-        run.stats.grad_forwards += 1
-        run.stats.forward_calls += 1
-        run.backward([v], [run.signal(j, v).to(v.dtype)], last=j == w - 1)
+        v = run.forward(j)
+        run.backward([v], [run.signal(j, v)], last=j == w - 1)
         del v
 
 
-def _exact_batched_backward(run: _GroupRun, velocity: Velocity,
-                            velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, w: int) -> None:
+def _exact_batched_backward(run: _GroupRun, w: int) -> None:
     """The exact gradient ``Σ_j J_jᵀ s_j`` with every step's graph alive at once: all W steps in one with-grad forward
     call (``velocity_batch``; W calls without it) and one backward over them all."""
     steps = list(range(w))
-    if velocity_batch is not None:
-        outputs = list(velocity_batch(steps))
+    if run.velocity_batch is not None:
+        outputs = list(run.velocity_batch(steps))
         run.stats.forward_calls += 1
     else:
-        outputs = [velocity(j) for j in steps]
+        outputs = [run.velocity(j) for j in steps]
         run.stats.forward_calls += w
     run.stats.grad_forwards += w
-    grads = [run.signal(j, v).to(v.dtype) for j, v in zip(steps, outputs)]
+    grads = [run.signal(j, v) for j, v in zip(steps, outputs)]
     run.backward(outputs, grads, last=True)
     del outputs
 
@@ -445,7 +596,6 @@ class _Probe:
     per: str  # "group" or "image"
     generator: torch.Generator | None
     draw: int | torch.Tensor | None
-    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None
     weight: float = 1.0  # λ: the share of the correction applied (1: unbiased)
 
     def steps(self, rows: int) -> torch.Tensor:
@@ -459,9 +609,7 @@ class _Probe:
         return r
 
 
-def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode: str, variant: str,
-                       pos: tuple[int, ...], middle_velocity: Callable[[int], torch.Tensor | None] | None,
-                       velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None,
+def _anchored_backward(run: _GroupRun, t: torch.Tensor, mode: str, variant: str, pos: tuple[int, ...],
                        probe: _Probe | None = None) -> None:
     """Eq. 7 with K anchors: ``∇θ ≈ Σ_k J_{a_k}ᵀ s_anchor_k``, ``s_anchor_k = Σ_j M[j, k] s_j`` (:func:`anchor_weights`;
     K = 2: ``J_0ᵀ s_base + J_{W−1}ᵀ s_corr``). The middle steps' signals come first, under no_grad (no graph alive);
@@ -483,78 +631,33 @@ def _anchored_backward(run: _GroupRun, velocity: Velocity, t: torch.Tensor, mode
                 s_anchor[k] = c * s if s_anchor[k] is None else s_anchor[k] + c * s
 
     if probe is not None:
-        _probed_backward(run, velocity, middle_velocity, velocity_batch, variant, pos, weights, probe, accumulate,
-                         s_anchor)
+        _probed_backward(run, variant, pos, weights, probe, accumulate, s_anchor)
         return
     for j in range(w):
         if j not in pos:
-            accumulate(j, run.signal(j, _middle_velocity(run, velocity, middle_velocity, j)))
+            accumulate(j, run.signal(j, _middle_velocity(run, j)))
     if variant == "joint":
-        _joint_anchors(run, velocity, velocity_batch, pos, accumulate, s_anchor)
+        _joint_anchors(run, pos, accumulate, s_anchor)
     else:
-        _sequential_anchors(run, velocity, pos, accumulate, s_anchor)
+        _sequential_anchors(run, pos, accumulate, s_anchor)
 
 
-def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callable[[int], torch.Tensor | None] | None,
-                     velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, variant: str,
-                     pos: tuple[int, ...], weights: torch.Tensor, probe: _Probe,
+def _probed_backward(run: _GroupRun, variant: str, pos: tuple[int, ...], weights: torch.Tensor, probe: _Probe,
                      accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
     """JAGG plus the random anchor's correction (module docstring), in one joint backward or one per graph.
 
     The first anchor forwards with grad (in the joint variant with ``velocity_batch``, every anchor in one call, and
-    with ``per="group"`` the drawn step too); then each row's step r_i is drawn and forwarded with grad (the probe: one
-    call, ``velocity(r)`` for a group's draw, ``velocity_rows`` for per-image draws); each middle step is forwarded
-    under no_grad only on the rows that did not draw it (reused rollout velocities need none), so the group costs
-    the forwards of K + 1 anchors. The probe's cotangent is ``λ s_{r_i} / p_{r_i}`` per row and anchor k's loses
-    ``λ M[r_i, k] s_{r_i} / p_{r_i}`` (λ = ``random_anchor_weight``, 1: unbiased). Joint: one backward over the K + 1 graphs. Sequential: the first anchor's and the
-    probe's backward once the middle signals are known (two graphs alive at most), then one anchor at a time."""
-    w = weights.shape[0]
-    mids = [j for j in range(w) if j not in pos]
-    per_group = probe.per == "group"
-    r_group = probe.steps(1) if per_group else None  # a group's draw needs no batch size
-    outputs: dict[int, torch.Tensor] = {}  # anchor position -> its with-grad output
-    v_probe = None
-    if variant == "joint" and velocity_batch is not None:  # the anchors (and a group's drawn step) in one call
-        batch = list(velocity_batch([*pos, int(r_group[0])] if per_group else list(pos)))
-        outputs.update(zip(pos, batch[: len(pos)]))
-        v_probe = batch[-1] if per_group else None
-        run.stats.forward_calls += 1
-        run.stats.grad_forwards += len(batch)
-    else:
-        outputs[pos[0]] = velocity(pos[0])
-        run.stats.forward_calls += 1
-        run.stats.grad_forwards += 1
-    n = int(outputs[pos[0]].shape[0])
-    r = r_group.expand(n).clone() if per_group else probe.steps(n)
-    run.stats.random_anchor = r.tolist()
-    if v_probe is None:
-        v_probe = velocity(int(r[0])) if per_group else probe.velocity_rows(torch.arange(n), r)
-        run.stats.forward_calls += 1
-        run.stats.grad_forwards += 1
-    # the middle steps' signals: reused velocities, or no-grad forwards of the rows that did not draw the step
-    signals: dict[int, torch.Tensor] = {}
-    nograd_rows = 0
-    for j in mids:
-        v = middle_velocity(j) if middle_velocity is not None else None
-        drew = r == j
-        if v is not None:
-            run.stats.reused_velocities += 1
-        elif bool(drew.all()):
-            v = v_probe.detach()
-        else:
-            with torch.no_grad():
-                if bool(drew.any()):
-                    rows = torch.nonzero(~drew).flatten()
-                    v = v_probe.detach().clone()
-                    v[rows] = probe.velocity_rows(rows, torch.full_like(rows, j))
-                    nograd_rows += len(rows)
-                else:
-                    v = velocity(j)
-                    nograd_rows += n
-            run.stats.forward_calls += 1
-        signals[j] = run.signal(j, v)
-        accumulate(j, signals[j])
-    run.stats.nograd_forwards += nograd_rows // n
+    with ``per="group"`` the drawn step too); then each row's step r_i is drawn and forwarded with grad (the probe:
+    :func:`_probe_forwards`); each middle step is forwarded under no_grad only on the rows that did not draw it
+    (:func:`_probe_middle_signals`), so the group costs the forwards of K + 1 anchors. The probe's cotangent is
+    ``λ s_{r_i} / p_{r_i}`` per row and anchor k's loses ``λ M[r_i, k] s_{r_i} / p_{r_i}`` (λ =
+    ``random_anchor_weight``, 1: unbiased). Joint: one backward over the K + 1 graphs. Sequential: the first
+    anchor's and the probe's backward once the middle signals are known (two graphs alive at most), then one anchor
+    at a time."""
+    outputs, v_probe, r = _probe_forwards(run, variant, pos, probe)
+    n = len(r)
+    mids = [j for j in range(weights.shape[0]) if j not in pos]
+    signals = _probe_middle_signals(run, mids, r, v_probe, accumulate)
     # the correction: row i's signal at its drawn step, scaled by 1/p
     slot = torch.tensor([mids.index(int(x)) for x in r])
     s_r = torch.stack([signals[j] for j in mids])[slot, torch.arange(n)]  # (n, ...)
@@ -568,39 +671,89 @@ def _probed_backward(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
     if variant == "joint":
         for j in pos:
             if j not in outputs:
-                outputs[j] = velocity(j)
-                run.stats.forward_calls += 1
-                run.stats.grad_forwards += 1
+                outputs[j] = run.forward(j)
         for j in pos:
             accumulate(j, run.signal(j, outputs[j]))
         outs = [outputs[j] for j in pos] + [v_probe]
-        cots = [s_anchor[k] for k in range(len(pos))] + [probe_cot]
-        run.backward(outs, [c.to(o.dtype) for c, o in zip(cots, outs)], last=True)
+        run.backward(outs, [s_anchor[k] for k in range(len(pos))] + [probe_cot], last=True)
         del outs, outputs, v_probe
         return
     # sequential: the first anchor and the probe now, the other anchors one at a time
     accumulate(pos[0], run.signal(pos[0], outputs[pos[0]]))
     v0 = outputs.pop(pos[0])
-    run.backward([v0, v_probe], [s_anchor[0].to(v0.dtype), probe_cot.to(v_probe.dtype)], last=len(pos) == 1)
+    run.backward([v0, v_probe], [s_anchor[0], probe_cot], last=len(pos) == 1)
     s_anchor[0] = None
     del v0, v_probe
-    for k in range(1, len(pos)):
-        v = velocity(pos[k])
-        run.stats.grad_forwards += 1
+    _sequential_anchors(run, pos, accumulate, s_anchor, start=1)
+
+
+def _probe_forwards(run: _GroupRun, variant: str, pos: tuple[int, ...],
+                    probe: _Probe) -> tuple[dict[int, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The random anchor's with-grad forwards: the first anchor (joint with ``velocity_batch``: every anchor, and a
+    group's drawn step, in one call), then the probe. Returns (anchor position -> output, the probe's output, (n,)
+    each row's drawn step)."""
+    per_group = probe.per == "group"
+    r_group = probe.steps(1) if per_group else None  # a group's draw needs no batch size
+    outputs: dict[int, torch.Tensor] = {}
+    v_probe = None
+    if variant == "joint" and run.velocity_batch is not None:  # the anchors (and a group's drawn step) in one call
+        batch = list(run.velocity_batch([*pos, int(r_group[0])] if per_group else list(pos)))
+        outputs.update(zip(pos, batch[: len(pos)]))
+        v_probe = batch[-1] if per_group else None
         run.stats.forward_calls += 1
-        accumulate(pos[k], run.signal(pos[k], v))
-        run.backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
-        s_anchor[k] = None
-        del v
+        run.stats.grad_forwards += len(batch)
+    else:
+        outputs[pos[0]] = run.forward(pos[0])
+    n = int(outputs[pos[0]].shape[0])
+    r = r_group.expand(n).clone() if per_group else probe.steps(n)
+    run.stats.random_anchor = r.tolist()
+    if v_probe is None:
+        if per_group:
+            v_probe = run.forward(int(r[0]))
+        else:
+            v_probe = run.velocity_rows(torch.arange(n), r)
+            run.stats.forward_calls += 1
+            run.stats.grad_forwards += 1
+    return outputs, v_probe, r
 
 
-def _middle_velocity(run: _GroupRun, velocity: Velocity, middle_velocity: Callable[[int], torch.Tensor | None] | None,
-                     j: int) -> torch.Tensor:
+def _probe_middle_signals(run: _GroupRun, mids: list[int], r: torch.Tensor, v_probe: torch.Tensor,
+                          accumulate: Callable[[int, torch.Tensor], None]) -> dict[int, torch.Tensor]:
+    """Each middle step's signal: from a reused velocity, from the probe (the rows that drew it), and from no-grad
+    forwards of the rows that did not."""
+    n = len(r)
+    signals: dict[int, torch.Tensor] = {}
+    nograd_rows = 0
+    for j in mids:
+        v = run.middle_velocity(j) if run.middle_velocity is not None else None
+        drew = r == j
+        if v is not None:
+            run.stats.reused_velocities += 1
+        elif bool(drew.all()):
+            v = v_probe.detach()
+        else:
+            with torch.no_grad():
+                if bool(drew.any()):
+                    rows = torch.nonzero(~drew).flatten()
+                    v = v_probe.detach().clone()
+                    v[rows] = run.velocity_rows(rows, torch.full_like(rows, j))
+                    nograd_rows += len(rows)
+                else:
+                    v = run.velocity(j)
+                    nograd_rows += n
+            run.stats.forward_calls += 1
+        signals[j] = run.signal(j, v)
+        accumulate(j, signals[j])
+    run.stats.nograd_forwards += nograd_rows // n
+    return signals
+
+
+def _middle_velocity(run: _GroupRun, j: int) -> torch.Tensor:
     """v_j of a non-anchor step: the rollout's own if kept, else a forward under no_grad."""
-    v = middle_velocity(j) if middle_velocity is not None else None
+    v = run.middle_velocity(j) if run.middle_velocity is not None else None
     if v is None:
         with torch.no_grad():
-            v = velocity(j)
+            v = run.velocity(j)
         run.stats.nograd_forwards += 1
         run.stats.forward_calls += 1
     else:
@@ -608,31 +761,29 @@ def _middle_velocity(run: _GroupRun, velocity: Velocity, middle_velocity: Callab
     return v
 
 
-def _joint_anchors(run: _GroupRun, velocity: Velocity,
-                   velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None, pos: tuple[int, ...],
-                   accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
+def _joint_anchors(run: _GroupRun, pos: tuple[int, ...], accumulate: Callable[[int, torch.Tensor], None],
+                   s_anchor: list[torch.Tensor | None]) -> None:
     """Every anchor's graph alive at once, one backward over them all (one FSDP all-gather per module)."""
-    if velocity_batch is not None:
-        outputs = list(velocity_batch(pos))
+    if run.velocity_batch is not None:
+        outputs = list(run.velocity_batch(pos))
         run.stats.forward_calls += 1
     else:
-        outputs = [velocity(j) for j in pos]
+        outputs = [run.velocity(j) for j in pos]
         run.stats.forward_calls += len(pos)
     run.stats.grad_forwards += len(pos)
     for j, v in zip(pos, outputs):
         accumulate(j, run.signal(j, v))
-    run.backward(outputs, [s.to(v.dtype) for s, v in zip(s_anchor, outputs)], last=True)
+    run.backward(outputs, list(s_anchor), last=True)
     del outputs
 
 
-def _sequential_anchors(run: _GroupRun, velocity: Velocity, pos: tuple[int, ...],
-                        accumulate: Callable[[int, torch.Tensor], None], s_anchor: list[torch.Tensor | None]) -> None:
-    """One anchor graph alive at a time, one backward each (for memory)."""
-    for k, j in enumerate(pos):
-        v = velocity(j)
-        run.stats.grad_forwards += 1
-        run.stats.forward_calls += 1
-        accumulate(j, run.signal(j, v))
-        run.backward([v], [s_anchor[k].to(v.dtype)], last=k == len(pos) - 1)
+def _sequential_anchors(run: _GroupRun, pos: tuple[int, ...], accumulate: Callable[[int, torch.Tensor], None],
+                        s_anchor: list[torch.Tensor | None], start: int = 0) -> None:
+    """One anchor graph alive at a time, one backward each (for memory), from anchor ``start`` on (the random
+    anchor's sequential path has backpropagated the first already)."""
+    for k in range(start, len(pos)):
+        v = run.forward(pos[k])
+        accumulate(pos[k], run.signal(pos[k], v))
+        run.backward([v], [s_anchor[k]], last=k == len(pos) - 1)
         s_anchor[k] = None
         del v  # the graph of this anchor is freed before the next anchor's forward

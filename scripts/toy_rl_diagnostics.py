@@ -69,7 +69,7 @@ def _grad(params, policy, traj, adv, rows=None, method_name="baseline"):
     jagg_frac = 0.0 if method.mode == "exact" else float(method.jagg_frac)
     fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
     groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
-                         generator=torch.Generator().manual_seed(0))
+                         subset="random", generator=torch.Generator().manual_seed(0))
     policy.transformer.zero_grad(set_to_none=True)
     ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(), contextlib.nullcontext)
     accumulate_gradients(ctx, traj, adv, rows, groups, reuse=False)

@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from jagg_core import group_advantages, ppo_step_loss
+from jagg_core import group_advantages, ppo_step_loss, sde_step_with_logprob
+from jagg_core.loss import KL_CONVENTIONS, kernel_kl
+from jagg_core.schedules import flow_match_schedule
 
 
 def test_advantages_by_hand():
@@ -62,7 +64,7 @@ def test_ppo_loss_gradient_is_zero_exactly_where_clipped():
     assert log_prob.grad[1] == pytest.approx(-1.1 / 3)
 
 
-def test_kl_term_is_flow_grpos_gaussian_kl():
+def test_kl_term_gaussian_is_the_kernels_kl():
     mean = torch.tensor([[1.0, 2.0], [0.0, 0.0]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[0.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
     std = torch.tensor([[0.5], [1.0]], dtype=torch.float64)
@@ -73,6 +75,71 @@ def test_kl_term_is_flow_grpos_gaussian_kl():
     assert float(out.loss.detach()) == pytest.approx(0.1 * kl)
     with pytest.raises(ValueError, match="beta > 0"):
         ppo_step_loss(zeros, zeros, zeros, clip_range=0.2, beta=0.1)
+
+
+def _flow_grpo_train_sd3_kl(latents, v, v_ref, sigmas, j, noise_level):
+    """Flow-GRPO's KL, line for line: sde_step_with_logprob's prev_sample_mean and std_dev_t
+    (flow_grpo/diffusers_patch/sd3_sde_with_logprob.py), then scripts/train_sd3.py's
+    ``((mean − mean_ref)² ).mean(dim=(1,2,3), keepdim=True) / (2 * std_dev_t ** 2)``, averaged."""
+    sigma, sigma_prev, sigma_max = sigmas[j], sigmas[j + 1], sigmas[1]
+    dt = sigma_prev - sigma
+    std_dev_t = math.sqrt(sigma / (1 - (sigma_max if sigma == 1 else sigma))) * noise_level
+
+    def mean(out):
+        return latents * (1 + std_dev_t**2 / (2 * sigma) * dt) + out * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
+
+    kl = ((mean(v) - mean(v_ref)) ** 2).mean(dim=(1, 2, 3), keepdim=True) / (2 * std_dev_t**2)
+    return torch.mean(kl)
+
+
+@pytest.mark.parametrize("j", [0, 4, 8])
+def test_the_flow_grpo_kl_is_train_sd3s_and_the_gaussian_one_is_1_over_minus_dt_times_it(j):
+    """The two named conventions on one step of a 10-step SD3-like schedule: flow_grpo equals Flow-GRPO's formula;
+    the gaussian KL (the kernels' own) is 1/(−dt) times it (25.1, 12.0 and 3.7 at steps 0, 4 and 8)."""
+    assert KL_CONVENTIONS == ("gaussian", "flow_grpo")
+    g = torch.Generator().manual_seed(j)
+    sigmas = [float(x) for x in flow_match_schedule(10, shift=3.0).sigmas]
+    z, v, v_ref = (torch.randn(2, 4, 8, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    step = sde_step_with_logprob(z, v, sigmas[j], sigmas[j + 1], noise_level=0.7, kind="flow_grpo", generator=g)
+    ref = sde_step_with_logprob(z, v_ref, sigmas[j], sigmas[j + 1], noise_level=0.7, kind="flow_grpo",
+                                prev_sample=step.prev_sample)
+    dt = sigmas[j + 1] - sigmas[j]
+    ours = kernel_kl(step.mean, ref.mean, step.std, convention="flow_grpo", dt=dt)
+    theirs = _flow_grpo_train_sd3_kl(z, v, v_ref, sigmas, j, 0.7)
+    assert float(ours) == pytest.approx(float(theirs), rel=1e-12)
+    gaussian = kernel_kl(step.mean, ref.mean, step.std)
+    assert float(gaussian / ours) == pytest.approx(1 / -dt, rel=1e-12)
+    zeros = torch.zeros(2, dtype=torch.float64)
+    out = ppo_step_loss(zeros, zeros, zeros, clip_range=0.2, mean=step.mean, ref_mean=ref.mean, std=step.std,
+                        beta=0.04, kl_convention="flow_grpo", dt=dt)
+    assert float(out.kl) == pytest.approx(float(theirs), rel=1e-12)
+    with pytest.raises(ValueError, match="needs the step's dt"):
+        kernel_kl(step.mean, ref.mean, step.std, convention="flow_grpo")
+    with pytest.raises(ValueError, match="KL convention must be one of"):
+        kernel_kl(step.mean, ref.mean, step.std, convention="flowgrpo", dt=dt)
+
+
+def test_every_profile_that_takes_flow_grpos_beta_takes_its_kl():
+    """A profile with β > 0 whose recipe is Flow-GRPO's (sde_kind flow_grpo) weighs Flow-GRPO's KL, not the gaussian
+    one that would make its β 4–25× stronger; the configuration's choices are loss.py's."""
+    from typing import get_args
+
+    from jagg_core.setup.config import TrainConfig
+    from jagg_core.setup.params_io import load_params
+
+    assert get_args(TrainConfig.model_fields["kl_convention"].annotation) == KL_CONVENTIONS
+    import yaml
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    profiles = yaml.safe_load((repo / "params.yaml").read_text())["profiles"]
+    checked = 0
+    for name in profiles:
+        p = load_params(repo / "params.yaml", name)
+        if p.train.beta > 0 and p.sample.sde_kind == "flow_grpo":
+            assert p.train.kl_convention == "flow_grpo", name
+            checked += 1
+    assert checked >= 1  # sd3: β 0.04 as Flow-GRPO
 
 
 def test_mixed_advantages_by_hand():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from jagg_core import group_backward
+from jagg_core import Estimator, group_backward
 from jagg_core.bench.side_by_side import speed_rows
 from jagg_core.cost import ideal_speedup
 from jagg_core.jagg import plan_groups
@@ -55,7 +55,7 @@ def _counted(method) -> dict[str, int]:
         kept = (lambda j, steps=steps: velocity(steps[j]).detach()) if method.reuse_rollout_velocity else None
         stats = group_backward(lambda j, steps=steps: velocity(steps[j]),
                                lambda j, v, steps=steps: step_loss(steps[j], v), ts[steps], g.mode, method.variant,
-                               anchors=method.anchors, middle_velocity=kept)
+                               estimator=Estimator(anchors=method.anchors), middle_velocity=kept)
         for k in counts:
             counts[k] += getattr(stats, k)
     return counts

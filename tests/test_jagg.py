@@ -13,7 +13,10 @@ from jagg_core import (
     anchor_positions,
     anchor_weights,
     draw_random_anchor,
+    Estimator,
     group_backward,
+    group_surrogate,
+    inner_product,
     interpolation_weights,
     plan_groups,
     random_anchor_probabilities,
@@ -87,8 +90,15 @@ def batched_velocity(model, t, zs, calls):
     return velocity_batch
 
 
+ESTIMATOR_FIELDS = ("anchors", "anchor_at", "random_anchor", "random_anchor_p", "random_anchor_weight")
+
+
 def run(model, velocity, step_loss, t, mode, variant="joint", **kw):
+    """The group's gradient by :func:`group_backward`; the estimator's fields among ``kw`` go into its Estimator."""
     model.zero_grad(set_to_none=True)
+    est = {k: kw.pop(k) for k in ESTIMATOR_FIELDS if k in kw}
+    if est:
+        kw["estimator"] = Estimator(**est)
     stats = group_backward(velocity, step_loss, t, mode, variant, **kw)
     return flat_grad(model), stats
 
@@ -150,7 +160,7 @@ def test_plan_groups_subsamples_whole_groups_and_keeps_their_routing():
     full = plan_groups(32, 4, 0.5)
     seen = set()
     for seed in range(20):
-        sub = plan_groups(32, 4, 0.5, fraction=0.5, generator=torch.Generator().manual_seed(seed))
+        sub = plan_groups(32, 4, 0.5, fraction=0.5, subset="random", generator=torch.Generator().manual_seed(seed))
         assert len(sub) == 4
         assert [g.position for g in sub] == sorted(g.position for g in sub)
         for g in sub:
@@ -160,12 +170,27 @@ def test_plan_groups_subsamples_whole_groups_and_keeps_their_routing():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [dict(window=1, jagg_frac=0.5), dict(window=4, jagg_frac=1.5), dict(window=4, jagg_frac=-0.1),
-               dict(window=4, jagg_frac=0.5, mode="fast"), dict(window=4, jagg_frac=0.5, fraction=0.0)]
+    "kwargs", [dict(window=0, jagg_frac=0.5), dict(window=4, jagg_frac=1.5), dict(window=4, jagg_frac=-0.1),
+               dict(window=4, jagg_frac=0.5, mode="fast"), dict(window=4, jagg_frac=0.5, fraction=0.0),
+               dict(window=4, jagg_frac=0.5, fraction=0.5), dict(window=4, jagg_frac=0.5, fraction=0.5, subset="all"),
+               dict(window=2.0, jagg_frac=0.5)]
 )
 def test_plan_groups_refuses_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         plan_groups(16, **kwargs)
+
+
+def test_plan_groups_takes_flow_grpos_prefix_and_an_off_switch():
+    """Flow-GRPO trains range(int(T · timestep_fraction)): 0.99 of 10 steps is steps 0-8, never step 9; W = 1 is
+    the per-step loop, every step exact whatever the mode."""
+    prefix = plan_groups(10, 4, 1.0, fraction=0.99, subset="prefix")
+    assert [(g.steps, g.mode) for g in prefix] == [((0, 1, 2, 3), "jagg"), ((4, 5, 6, 7), "jagg"), ((8,), "exact")]
+    assert [(g.steps, g.mode) for g in plan_groups(10, 4, 0.5, fraction=0.6, subset="prefix")] == [
+        ((0, 1, 2, 3), "jagg"), ((4, 5), "exact")]
+    off = plan_groups(9, 1, 1.0, mode="jagg")
+    assert [(g.steps, g.mode) for g in off] == [((j,), "exact") for j in range(9)]
+    with pytest.raises(ValueError, match="subset='prefix'"):
+        plan_groups(10, 4, 0.5, fraction=0.99)  # the tempting call: which steps is not guessed
 
 
 # --- Theorem 1 ---------------------------------------------------------------------------------------------------
@@ -634,3 +659,79 @@ def test_bad_random_anchor_options_are_one_sentence(bad, words):
     model, t, zs, velocity, step_loss = w8_problem(80)
     with pytest.raises(ValueError, match=words):
         run(model, velocity, step_loss, t, "jagg", **bad)
+
+
+# --- the caller's backward: group_surrogate and backward= ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("mode, est", [("exact", {}), ("exact_batched", {}), ("jagg", {}), ("jagg", {"anchors": 3}),
+                                       ("ablate", {}), ("ablate_matched", {}),
+                                       ("jagg", {"random_anchor": "group"})])
+def test_the_surrogate_and_the_backward_hook_give_group_backwards_gradient_to_the_last_bit(dtype, mode, est):
+    """group_surrogate's scalar, backpropagated by the caller, and group_backward(backward=) both give
+    group_backward's own gradient bit for bit (float32 and float64); the scalar's value is the group's loss. An exact
+    group's surrogate is one backward over its W graphs: exact_batched's gradient (the per-step loop's sums its W
+    backwards in another order, equal to rounding)."""
+    model, t, zs, velocity, step_loss = w8_problem(60)
+    model.to(dtype)
+    zs_d = [z.to(dtype) for z in zs]
+
+    def velocity_d(j):
+        return model(zs_d[j], t[j].to(dtype).expand(zs_d[j].shape[0]))
+
+    def loss_d(j, v):
+        return step_loss(j, v.to(torch.float64))
+
+    estimator = Estimator(**est)
+    draw = {"draw": 3} if est.get("random_anchor") else {}
+    g_ref, stats = run(model, velocity_d, loss_d, t, mode, estimator=estimator, **draw)
+    g_one, _ = run(model, velocity_d, loss_d, t, "exact_batched") if mode == "exact" else (g_ref, None)
+    assert rel_err(g_one, g_ref) <= (1e-12 if dtype == torch.float64 else 1e-5)
+    model.zero_grad(set_to_none=True)
+    out = group_surrogate(velocity_d, loss_d, t, mode, estimator=estimator, **draw)
+    assert out.loss.ndim == 0 and out.stats.backward_calls == 1
+    assert float(out.loss.detach()) == pytest.approx(stats.loss, rel=1e-6, abs=1e-9)
+    out.loss.backward()
+    assert torch.equal(flat_grad(model), g_one)
+    calls = []
+    g_hook, hook_stats = run(model, velocity_d, loss_d, t, mode, estimator=estimator,
+                             backward=lambda x: (calls.append(x.ndim), x.backward()), **draw)
+    assert torch.equal(g_hook, g_ref)
+    assert calls == [0] * stats.backward_calls == [0] * hook_stats.backward_calls
+
+
+def test_the_surrogate_scaled_by_the_caller_scales_the_gradient_as_a_grad_scaler_does():
+    """A GradScaler multiplies the loss by 2^k before backward; the surrogate's cotangents stay float32 until then, so
+    a half-precision output gets (2^k · s) cast once, as the loss's own gradient would, not 2^k · (s cast)."""
+    model, t, zs, velocity, step_loss = w8_problem(61)
+    g_ref, _ = run(model, velocity, step_loss, t, "jagg")
+    model.zero_grad(set_to_none=True)
+    (group_surrogate(velocity, step_loss, t, "jagg").loss * 1024.0).backward()
+    assert torch.equal(flat_grad(model), g_ref * 1024.0)
+    v = torch.full((3,), 1.0, dtype=torch.float16, requires_grad=True)
+    tiny = torch.full((3,), 2.0 ** -26, dtype=torch.float32)  # below float16's smallest subnormal
+    (inner_product([v], [tiny]) * 2.0 ** 16).backward()
+    assert torch.equal(v.grad, torch.full((3,), 2.0 ** -10, dtype=torch.float16))
+
+
+def test_flow_grpos_batch_by_step_timesteps_are_accepted_or_refused_in_one_sentence():
+    """Flow-GRPO stores timesteps (B, T): ``[:, steps]`` is a (B, W) group, rows equal; every mode takes it."""
+    model, t, zs, velocity, step_loss = w8_problem(62)
+    bt = t.expand(zs[0].shape[0], len(t))  # (B, W)
+    for mode in ("exact", "jagg"):
+        g_1d, _ = run(model, velocity, step_loss, t, mode)
+        g_2d, _ = run(model, velocity, step_loss, bt, mode)
+        assert torch.equal(g_2d, g_1d)
+    uneven = bt.clone()
+    uneven[1] += 1.0
+    with pytest.raises(ValueError, match="same in every row"):
+        run(model, velocity, step_loss, uneven, "exact")
+
+
+def test_a_step_loss_that_is_not_a_scalar_is_one_sentence():
+    model, t, zs, velocity, step_loss = w8_problem(63)
+    with pytest.raises(ValueError, match="scalar tensor"):
+        run(model, velocity, lambda j, v: 0.5, t, "jagg")
+    with pytest.raises(ValueError, match="jagg_core.Estimator"):
+        group_backward(velocity, step_loss, t, "jagg", estimator={"anchors": 3})

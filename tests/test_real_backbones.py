@@ -485,7 +485,7 @@ def test_real_profiles_dry_run_on_tiny_stand_ins(tiny_dir, tmp_path, profile):
     method = params.method("jagg")
     fraction = params.sample.timestep_fraction if params.sample.recipe == "dance_grpo" else 1.0  # as the trainer
     groups = plan_groups(traj.train_steps, method.window, float(method.jagg_frac), mode=method.mode, fraction=fraction,
-                         generator=torch.Generator().manual_seed(0))
+                         subset="random", generator=torch.Generator().manual_seed(0))
     assert groups and all(len(g.steps) <= method.window for g in groups)
     ctx = UpdateContext(policy, method, params.sample, params.train, NoSync(),
                         lambda: torch.autocast("cpu", enabled=False))

@@ -191,6 +191,10 @@ class TrainConfig(Section):
     adv_eps: float = Field(1e-4, ge=0, description="added to the group std")
     global_std: bool = Field(True, description="normalise advantages by the batch std instead of the group's")
     beta: float = Field(0.0, ge=0, description="KL coefficient (needs LoRA or a reference copy)")
+    kl_convention: Literal["gaussian", "flow_grpo"] = Field(
+        "gaussian", description="the KL that beta weighs (jagg_core/loss.py): gaussian, the transition kernels' own "
+        "(||mu - mu_ref||^2 / 2 std^2); flow_grpo, Flow-GRPO's train_sd3.py (/ 2 s^2, s its std_dev_t: 1/(-dt) times "
+        "the gaussian one) - a beta taken from a Flow-GRPO recipe needs flow_grpo")
     kl_ref: bool = Field(True, description="log train/kl_ref, KL(policy || reference) at each group's two endpoint "
                          "steps, even at beta 0 (a no-grad reference forward each; a full fine-tune keeps a frozen copy)")
     kl_ref_every: int = Field(8, ge=1, description="at beta 0, measure train/kl_ref every N iterations, from the "

@@ -34,7 +34,7 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
         "model": masked["model"],
         "base_model": base_model_digest(layout.base_model, params.model.path),  # its weights, not its card
         "sample": params.sample.model_dump(mode="json"),
-        "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored},
+        "train": _train(params, ignored),
         "method": _method(params, method),
         # reward.frames at its default ("all") is left out: fingerprints from before the field existed still match.
         "reward": _reward(params, masked["reward"]),
@@ -47,6 +47,17 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
 # jagg settings added after runs were fingerprinted, left out at their defaults so those runs' fingerprints still match
 _NEW_METHOD_DEFAULTS = {"anchor_at": None, "random_anchor": None, "random_anchor_p": "uniform",
                         "random_anchor_weight": 1.0}
+
+
+# train settings added after runs were fingerprinted, likewise; the KL convention also wherever beta is 0 (no KL term)
+_NEW_TRAIN_DEFAULTS = {"kl_convention": "gaussian"}
+
+
+def _train(params: Params, ignored: set[str]) -> dict:
+    tree = {k: v for k, v in params.train.model_dump(mode="json").items() if k not in ignored}
+    if params.train.beta == 0:
+        tree.pop("kl_convention")
+    return {k: v for k, v in tree.items() if k not in _NEW_TRAIN_DEFAULTS or v != _NEW_TRAIN_DEFAULTS[k]}
 
 
 def _method(params: Params, method: str) -> dict:

@@ -293,7 +293,7 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
         perm = rows[torch.randperm(len(rows), generator=group_gen)] if len(rows) else rows
         for chunk in perm.tensor_split(tcfg.optimizer_steps_per_epoch):
             groups = plan_groups(traj.train_steps, method.window, jagg_frac, mode=method.mode, fraction=fraction,
-                                 generator=group_gen)
+                                 subset="random", generator=group_gen)
             reuse = method.reuse_rollout_velocity and r.policy_version == traj.policy_version
             r.sync.start_step()
             if len(chunk) and finite:

@@ -20,14 +20,14 @@ import torch
 
 from ..setup.config import ResolvedMethod, SampleConfig, TrainConfig
 from ..fidelity import FidelityReport, gradient_fidelity
-from ..jagg import Group, run_group
+from ..jagg import Estimator, Group, run_group
 from ..loss import kernel_kl, ppo_step_loss
 from ..policies.base import Policy
 from ..sde import sde_step_with_logprob
 from .distributed import GradSync, NoSync
 from .rollout import Trajectory
 
-__all__ = ["ImageSteps", "UpdateContext", "UpdateStats", "accumulate_gradients", "anchor_options",
+__all__ = ["ImageSteps", "UpdateContext", "UpdateStats", "accumulate_gradients", "method_estimator",
            "trajectory_fidelity"]
 
 
@@ -138,6 +138,11 @@ class ImageSteps:
                                      float(traj.sigmas[step + 1]), noise_level=sample.noise_level,
                                      kind=sample.sde_kind, prev_sample=self.latents[:, step + 1].to(self.device))
 
+    def _dt(self, j: int) -> float:
+        """dt = σ_next − σ of stored step j (Flow-GRPO's KL convention divides by std²/(−dt))."""
+        step = self.steps[j]
+        return float(self.traj.sigmas[step + 1]) - float(self.traj.sigmas[step])
+
     def _reference_mean(self, j: int) -> torch.Tensor:
         """The SDE step's mean under the reference policy (no_grad); at β = 0 its seconds go to kl_ref_seconds."""
         z = self.latents[:, self.steps[j]].to(self.device)
@@ -156,12 +161,13 @@ class ImageSteps:
         res = self._sde_step(j, v)
         kl_here = self.kl_ref and (train.beta > 0 or j in (0, len(self.steps) - 1))
         ref_mean = self._reference_mean(j) if train.beta > 0 or kl_here else None
+        kl = {"convention": train.kl_convention, "dt": self._dt(j)}
         out = ppo_step_loss(res.log_prob, self.traj.log_probs[self.images, self.steps[j]].to(self.device),
                             self.advantages, clip_range=train.clip_range, mean=res.mean, ref_mean=ref_mean,
-                            std=res.std, beta=train.beta)
+                            std=res.std, beta=train.beta, kl_convention=kl["convention"], dt=kl["dt"])
         extras = {"policy_loss": out.policy_loss, "kl": out.kl, "approx_kl": out.approx_kl, "clipfrac": out.clipfrac}
         if kl_here:
-            extras["kl_ref"] = out.kl if train.beta > 0 else kernel_kl(res.mean.detach(), ref_mean, res.std)
+            extras["kl_ref"] = out.kl if train.beta > 0 else kernel_kl(res.mean.detach(), ref_mean, res.std, **kl)
         return out.loss * self.scale, extras
 
 
@@ -197,31 +203,23 @@ def accumulate_gradients(
     kl_ref = train.kl_ref and (measure_kl_ref or train.beta > 0) and ctx.policy.has_reference()
     kl_seconds = 0.0
     micro = [rows[i : i + train.micro_batch] for i in range(0, local, train.micro_batch)]
+    estimator = method_estimator(method)
     for m, mb in enumerate(micro):
         for k, g in enumerate(groups):
             sync.final_group = m == len(micro) - 1 and k == len(groups) - 1
             steps = ImageSteps(ctx, traj, mb, advantages, g.steps, scale=len(mb) / local / n_steps, kl_ref=kl_ref,
                                reuse=reuse)
-            stats.add(run_group(steps, traj.timesteps[list(g.steps)], g.mode, method.variant, anchors=method.anchors,
-                                **anchor_options(method, generator, draw)))
+            stats.add(run_group(steps, traj.timesteps[list(g.steps)], g.mode, method.variant, estimator=estimator,
+                                generator=generator, draw=draw if method.random_anchor is not None else None))
             kl_seconds += steps.kl_ref_seconds
     stats.kl_ref_seconds = kl_seconds
     return stats
 
 
-def anchor_options(method: ResolvedMethod, generator: torch.Generator | None = None,
-                   draw: int | None = None) -> dict:
-    """:func:`jagg_core.group_backward`'s anchor options of ``method`` beyond K: placed anchors and the random anchor
-    (none at their defaults, so the call is the one it always was)."""
-    out: dict = {}
-    if method.anchor_at is not None:
-        out["anchor_at"] = tuple(method.anchor_at)
-    if method.random_anchor is not None:
-        out.update(random_anchor=method.random_anchor, random_anchor_p=method.random_anchor_p,
-                   random_anchor_weight=method.random_anchor_weight, generator=generator)
-        if draw is not None:
-            out["draw"] = draw
-    return out
+def method_estimator(method: ResolvedMethod) -> Estimator:
+    """The :class:`jagg_core.Estimator` of ``method``: its anchors, their placement and its random anchor."""
+    return Estimator(anchors=method.anchors, anchor_at=method.anchor_at, random_anchor=method.random_anchor,
+                     random_anchor_p=method.random_anchor_p, random_anchor_weight=method.random_anchor_weight)
 
 
 def trajectory_fidelity(ctx: UpdateContext, traj: Trajectory, advantages: torch.Tensor,
