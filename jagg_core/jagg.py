@@ -335,15 +335,19 @@ def _clock(like: torch.Tensor) -> float:
     return time.perf_counter()
 
 
+def _check_scalar(loss: object) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise ValueError(f"step_loss must return a scalar tensor (or (scalar, {{name: stat}})), got "
+                         f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}.")
+
+
 def _upstream(step_loss: StepLoss, j: int, v: torch.Tensor) -> tuple[torch.Tensor, float, dict[str, float]]:
     """s_j = ∂L_j/∂ṽ_j on a detached proxy ṽ_j: only the SDE step and the PPO objective are differentiated."""
     proxy = v.detach().to(torch.promote_types(v.dtype, torch.float32)).requires_grad_(True)
     with torch.enable_grad():
         out = step_loss(j, proxy)
         loss, extras = (out if isinstance(out, tuple) else (out, {}))
-        if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
-            raise ValueError(f"step_loss must return a scalar tensor (or (scalar, {{name: stat}})), got "
-                             f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__}.")
+        _check_scalar(loss)
         (s,) = torch.autograd.grad(loss, proxy, allow_unused=True)
     s = torch.zeros_like(proxy) if s is None else s  # a loss that ignores v (e.g. zero advantages)
     return s, float(loss.detach()), {k: float(x) for k, x in extras.items()}
@@ -409,8 +413,9 @@ def group_backward(
         before_backward: called with ``last`` before each backward pass (``last`` for the group's final one); a
             data-parallel caller uses it to synchronise gradients only once.
         backward: the caller's backward (``accelerator.backward``, ``lambda x: scaler.scale(x).backward()``, DeepSpeed's
-            ``engine.backward``), called once per backward pass with a scalar whose gradient is that pass's
-            (:func:`inner_product`; its value is not the loss); default ``torch.autograd.backward`` of the outputs.
+            ``engine.backward``), called once per backward pass with a scalar whose gradient is that pass's: an exact
+            step's own loss ``L_j(v_j)`` (the per-step loop bit for bit), an anchored pass's :func:`inner_product`
+            (whose value is not the loss); default ``torch.autograd.backward`` of the outputs.
     """
     t = group_timesteps(t)
     run = _GroupRun(velocity, step_loss, GroupStats(mode=mode, variant=variant, window=t.numel()), middle_velocity,
@@ -444,18 +449,20 @@ def group_surrogate(
     ``scaler.scale(surrogate.loss).backward()``, DeepSpeed's ``engine.backward``, inside DDP's ``no_sync`` or not.
 
     The scalar is ``Σ_k ⟨v_k, c_k⟩`` (:func:`inner_product`) over the graphs the group keeps — the joint variant's
-    anchors and their aggregated cotangents (Eq. 7); in the exact modes every step's velocity and signal — shifted so
-    its value is the group's loss. Its gradient is :func:`group_backward`'s to the last bit in float32 and float64
-    (tests/test_jagg.py). Memory: the joint variant's (K anchor graphs alive, K + 1 with a random anchor); an exact
-    group keeps all W graphs (``exact_batched``'s memory): for the per-step loop's memory use :func:`group_backward`
-    with ``backward=``, which also runs the sequential variant. Arguments as :func:`group_backward`'s.
+    anchors and their aggregated cotangents (Eq. 7); ``exact_batched``'s W steps and signals; an ``exact`` group's
+    own ``Σ_j L_j(v_j)`` — shifted so its value is the group's loss. Its gradient is :func:`group_backward`'s to the
+    last bit in float32 and float64 (tests/test_jagg.py; an exact group's equals the per-step loop's to rounding, and
+    a single step's, the off switch's, bit for bit). Memory: the joint variant's (K anchor graphs alive, K + 1 with a
+    random anchor); an exact group keeps all W graphs: for the per-step loop's memory use :func:`group_backward` with
+    ``backward=``, which also runs the sequential variant. Arguments as :func:`group_backward`'s.
     """
     t = group_timesteps(t)
     run = _GroupRun(velocity, step_loss, GroupStats(mode=mode, variant="joint", window=t.numel()), middle_velocity,
                     velocity_batch, velocity_rows, collected=[])
     stats = _dispatch(run, t, mode, "joint", estimator or Estimator(), generator, draw)
-    outputs, cotangents = zip(*run.collected)
-    inner = inner_product(outputs, cotangents)
+    inner = run.collected[0]
+    for scalar in run.collected[1:]:
+        inner = inner + scalar
     loss = inner + (torch.as_tensor(stats.loss, dtype=inner.dtype, device=inner.device) - inner.detach())
     stats.backward_calls = 1
     return Surrogate(loss, stats)
@@ -519,8 +526,9 @@ def run_group(steps: GroupSteps, t: torch.Tensor | Sequence[float], mode: str, v
 class _GroupRun:
     """What every path shares: the group's callables, the step losses' signals and the counted backward passes.
 
-    ``collected`` (the surrogate form) gathers each pass's (output, cotangent) pairs for the caller's one backward
-    instead of running it; ``backward_fn`` is the caller's backward of each pass's :func:`inner_product`.
+    ``collected`` (the surrogate form) gathers each pass's scalar for the caller's one backward instead of running it;
+    ``backward_fn`` is the caller's backward of each pass's scalar: :func:`inner_product` of its outputs and
+    cotangents, or an exact step's own loss.
     """
 
     velocity: Velocity
@@ -531,7 +539,7 @@ class _GroupRun:
     velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     before_backward: Callable[[bool], None] | None = None
     backward_fn: Callable[[torch.Tensor], None] | None = None
-    collected: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    collected: list[torch.Tensor] | None = None
     extras: dict[str, list[float]] = field(default_factory=dict)
 
     def signal(self, j: int, v: torch.Tensor) -> torch.Tensor:
@@ -548,27 +556,51 @@ class _GroupRun:
         self.stats.forward_calls += 1
         return self.velocity(j)
 
+    def own_loss(self, j: int, v: torch.Tensor) -> torch.Tensor:
+        """L_j(v_j) itself, differentiable through v_j, with L_j and its extra stats recorded."""
+        out = self.step_loss(j, v)
+        loss, extras = (out if isinstance(out, tuple) else (out, {}))
+        _check_scalar(loss)
+        self.stats.loss += float(loss.detach())
+        for k, x in extras.items():
+            self.extras.setdefault(k, []).append(float(x))
+        return loss
+
     def backward(self, outputs: list[torch.Tensor], grads: list[torch.Tensor], last: bool) -> None:
         """One transformer backward pass: ``Σ_i outputs_iᵀ grads_i`` into ``.grad`` (or kept for the caller's)."""
+        if self.collected is None and self.backward_fn is None:
+            if self.before_backward is not None:
+                self.before_backward(last)
+            t0 = _clock(outputs[0])
+            torch.autograd.backward(outputs, [g.to(o.dtype) for g, o in zip(grads, outputs)])
+            self.stats.backward_seconds += _clock(outputs[0]) - t0
+            self.stats.backward_calls += 1
+        else:
+            self.backward_scalar(inner_product(outputs, grads), last)
+
+    def backward_scalar(self, scalar: torch.Tensor, last: bool) -> None:
+        """The caller's backward of one pass's scalar (or, in the surrogate form, kept for its one backward)."""
         if self.collected is not None:
-            self.collected.extend(zip(outputs, grads))
+            self.collected.append(scalar)
             return
         if self.before_backward is not None:
             self.before_backward(last)
-        t0 = _clock(outputs[0])
-        if self.backward_fn is None:
-            torch.autograd.backward(outputs, [g.to(o.dtype) for g, o in zip(grads, outputs)])
-        else:
-            self.backward_fn(inner_product(outputs, grads))
-        self.stats.backward_seconds += _clock(outputs[0]) - t0
+        t0 = _clock(scalar)
+        self.backward_fn(scalar)
+        self.stats.backward_seconds += _clock(scalar) - t0
         self.stats.backward_calls += 1
 
 
 def _exact_backward(run: _GroupRun, w: int) -> None:
-    """The baseline: every step forwards with grad and backwards on its own (at most one graph alive)."""
+    """The baseline: every step forwards with grad and backwards on its own (at most one graph alive). Under the
+    caller's backward each step's scalar is its own loss ``L_j(v_j)``, so the caller's per-step loop is reproduced
+    bit for bit (a loss scale or a GradScaler applied where the loop applied it)."""
     for j in range(w):
         v = run.forward(j)
-        run.backward([v], [run.signal(j, v)], last=j == w - 1)
+        if run.backward_fn is not None or run.collected is not None:
+            run.backward_scalar(run.own_loss(j, v), last=j == w - 1)
+        else:
+            run.backward([v], [run.signal(j, v)], last=j == w - 1)
         del v
 
 
