@@ -1,5 +1,6 @@
 """Evaluation reuses generated test images only for the same checkpoint, base model, model options, sampler and
-prompts: anything else regenerates them (a reused image of another setting would report a wrong metric)."""
+prompts: anything else regenerates them (a reused image of another setting would report a wrong metric); and their
+scores only for the same scorer (options, weights' content, code) and image bytes (score_cache.py)."""
 
 from __future__ import annotations
 
@@ -115,3 +116,75 @@ def test_two_processes_evaluate_like_one_and_resume_by_block(ci_base, tmp_path):
     assert r3.returncode == 0, r3.stderr[-2000:]
     assert [p for p in images if (two / step / p).stat().st_mtime_ns != stamps.get(p)] == gone
     assert json.loads((two / step / "metrics.json").read_text()) == json.loads((one / step / "metrics.json").read_text())
+
+
+# A scorer of the user's, from a plugin file: its weights are one number in a file named by its option; every call
+# appends its batch size to $SCORER_CALLS, so a test counts what was scored.
+COUNTED_SCORER = '''
+import os
+from pathlib import Path
+
+from jagg_core.rewards import register_reward
+
+
+@register_reward("weighted_mean", options={"weights": (str, None)})
+def weighted_mean(weights: str = "") -> object:
+    scale = float(Path(weights).read_text())
+
+    def fn(images, prompts, metadata):
+        with open(os.environ["SCORER_CALLS"], "a") as f:
+            f.write(f"{len(prompts)}\\n")
+        return images.mean(dim=(1, 2, 3)) * scale, {"brightness": images.mean(dim=(1, 2, 3))}
+
+    return fn
+'''
+
+
+@pytest.mark.slow
+def test_an_evaluated_run_is_scored_again_only_where_its_images_or_scorer_changed(project, tmp_path):
+    """`jagg evaluate` of an evaluated run scores nothing again (its scorer is not even called); after the scorer's
+    weights file is replaced at the same path (same size, same mtime: only its content differs), every image is
+    scored again; after one image changes, only its batch is. The base model's run and the toy's ground truth."""
+    import json
+    import os
+
+    from conftest import run_module
+
+    (project / "plugins").mkdir()
+    (project / "plugins/weighted_mean.py").write_text(COUNTED_SCORER)
+    weights, calls = project / "scale.txt", tmp_path / "calls"
+    weights.write_text("1.0")
+    args = ["--profile", "ci", "--run", "base", "--set", "plugins=[plugins/weighted_mean.py]",
+            "--set", "eval.metrics=[weighted_mean, toy_fidelity]", "--set", "eval.batch_size=4",
+            "--set", f"reward.options={{weighted_mean: {{weights: {weights}}}}}"]
+
+    def evaluate() -> tuple[list[int], dict]:
+        calls.write_text("")
+        out = run_module("tasks.evaluate", *args, root=project, env={"SCORER_CALLS": str(calls)})
+        assert out.returncode == 0, out.stderr[-2000:]
+        summary = json.loads((project / "eval/ci/base/metrics.json").read_text())["metrics"]["weighted_mean"]
+        return [int(n) for n in calls.read_text().split()], summary
+
+    first, scores = evaluate()
+    images = sum(first) // 2  # the base model's images, then the ground truth's renders as many
+    assert images >= 8 and all(n <= 4 for n in first)
+
+    again, same = evaluate()
+    assert again == [] and same == scores  # nothing scored again, the same scores
+
+    stat = weights.stat()  # replaced at the same path, with the same size and mtime: only the content tells
+    (project / "new-scale.txt").write_text("2.0")
+    os.utime(project / "new-scale.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(project / "new-scale.txt", weights)
+    rescored, doubled = evaluate()
+    assert sorted(rescored) == sorted(first)  # every batch of both folders, once
+    assert doubled["benchmark"] == pytest.approx(2 * scores["benchmark"])
+
+    # One image of the base model's changes (here: it becomes another's): its batch alone is scored again.
+    step = project / "eval/ci/base/steps/000000/images"
+    a, b = sorted(step.rglob("*.jpg"))[:2]
+    a.write_bytes(b.read_bytes())
+    one, _ = evaluate()
+    assert one == [4]
+    rows = [json.loads(line) for line in (step.parent / "scores.jsonl").read_text().splitlines()]
+    assert rows[0]["weighted_mean"] == rows[1]["weighted_mean"]  # the changed image's score is its new bytes'

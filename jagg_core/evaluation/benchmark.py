@@ -156,6 +156,7 @@ def score_image_folder(
     batch_size: int = 16,
     progress: bool = False,
     part: tuple[int, int] | None = None,
+    needed: Callable[[str, int, int], Sequence[str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Score every image ``<root>/<style>/<index:05d>.jpg`` against its prompt with every metric.
 
@@ -170,6 +171,9 @@ def score_image_folder(
         progress: show a progress bar.
         part: ``(rank, world)``: score only this process's batches (batch ``k`` of the folder, counted over styles
             in order, is rank ``k % world``'s); the batches are those of one process, so the scores are too.
+        needed: ``(style, start, stop) -> metric names``: score batch ``[start, stop)`` of ``style`` with those only
+            (the others' scores are reused: ``score_cache.py``); a batch no metric needs is not read. The result is
+            then this process's share, as with ``part``.
 
     Returns:
         ``scores[key][style]`` = per-image floats in prompt order, for key = each metric name (its reward) and
@@ -201,16 +205,20 @@ def score_image_folder(
     for style, start in mine:
         prompts = prompts_by_style[style]
         stop = min(start + batch_size, len(prompts))
+        batch_metrics = metrics if needed is None else {n: metrics[n] for n in needed(style, start, stop)}
+        if not batch_metrics:
+            bar.update(stop - start)
+            continue
         loaded = [load_image(p) for p in paths[style][start:stop]]
         # Stack consecutive images of equal size; a folder of one method's images is normally one run.
         for _, run in itertools.groupby(range(start, stop), key=lambda i: loaded[i - start].shape):
             idx = list(run)
             images = torch.stack([loaded[i - start] for i in idx])  # (b, 3, H, W)
-            score_batch(scores, metrics, images, prompts, style, idx)
+            score_batch(scores, batch_metrics, images, prompts, style, idx)
             bar.update(len(idx))
     bar.close()
     shares = {key: dict(by_style) for key, by_style in scores.items()}
-    return shares if part is not None else merge_score_parts([shares], prompts_by_style)
+    return shares if part is not None or needed is not None else merge_score_parts([shares], prompts_by_style)
 
 
 def score_batch(scores: dict, metrics: Mapping[str, ScoreFn], batch: torch.Tensor, prompts: Sequence[str],

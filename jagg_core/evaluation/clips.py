@@ -65,11 +65,13 @@ def score_clip_folder(
     batch_size: int = 16,
     progress: bool = False,
     part: tuple[int, int] | None = None,
+    needed: Callable[[str, int, int], Sequence[str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Score every clip's saved frames against its prompt with every metric: a clip's score is the mean over its
     frames (``on_frames``). The result is :func:`jagg_core.evaluation.benchmark.score_image_folder`'s, per clip:
     ``scores[key][style]`` in prompt order (with ``part`` = ``(rank, world)``: ``{index: float}`` of this process's
-    batches of ``batch_size`` clips, batch ``k`` over styles in order being rank ``k % world``'s)."""
+    batches of ``batch_size`` clips, batch ``k`` over styles in order being rank ``k % world``'s; with ``needed``,
+    ``(style, start, stop) -> metric names``, each batch is scored with those only, and the result is a share too)."""
     from tqdm.auto import tqdm
 
     if not metrics:
@@ -92,9 +94,11 @@ def score_clip_folder(
                desc=f"scoring {Path(root).name}", unit="clip", disable=not progress)
     for style, start in mine:
         idx = list(range(start, min(start + batch_size, len(prompts_by_style[style]))))
-        clips = torch.stack([torch.stack([load_image(frame_path(root, style, i, f)) for f in frames]) for i in idx])
-        score_batch(scores, on_clips, clips, prompts_by_style[style], style, idx)  # each clip: its frames' mean
+        batch_metrics = on_clips if needed is None else {n: on_clips[n] for n in needed(style, start, idx[-1] + 1)}
+        if batch_metrics:
+            clips = torch.stack([torch.stack([load_image(frame_path(root, style, i, f)) for f in frames]) for i in idx])
+            score_batch(scores, batch_metrics, clips, prompts_by_style[style], style, idx)  # each clip: its frames' mean
         bar.update(len(idx))
     bar.close()
     shares = {key: dict(by_style) for key, by_style in scores.items()}
-    return shares if part is not None else merge_score_parts([shares], prompts_by_style)
+    return shares if part is not None or needed is not None else merge_score_parts([shares], prompts_by_style)

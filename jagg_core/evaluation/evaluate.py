@@ -4,7 +4,8 @@ For each evaluated step the images are written as ``<eval_dir>/steps/<iteration:
 (hpsv2's layout), per-image scores as ``scores.jsonl`` and the summary as ``metrics.json``; the run's top-level
 ``metrics.json`` holds the last step's summary and the curve over all evaluated steps (step 0 = the base model).
 Generation is resumable: a step folder records what generated it (checkpoint digest, sampler, seeds) and images
-already there for the same generation are not generated again. A video backbone's samples are clips: each test prompt
+already there for the same generation are not generated again; scoring likewise: a score whose scorer and image
+are unchanged is reused, the rest scored (:mod:`.score_cache`, the step's ``score_cache.json``). A video backbone's samples are clips: each test prompt
 gets a clip with the seed its image would get, its chosen frames and frame strip are saved under
 ``images/<style>/<index:05d>/`` and each metric is the mean over its frames (:mod:`.clips`; not a video benchmark).
 
@@ -41,6 +42,7 @@ from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from . import EvalError
 from .conventions import evaluation_conventions
+from .score_cache import CACHE_NAME, ScoreCache, image_digests, scorer_key
 from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
 from ..rewards import loaded_rewards, make_metric, rewards_off_device
 from ..world import parse_prompt, render, scene_for_prompt, shown_prompt
@@ -227,15 +229,31 @@ def _generation_of(marker: Path) -> Any:
 
 def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence[str]], frames: list[int] | None,
                 progress: bool, part: Part) -> dict[str, dict[str, Any]]:
-    """Every metric of ``eval.metrics`` on one step's images (or clips), this process's share gathered."""
+    """Every metric of ``eval.metrics`` on one step's images (or clips), this process's share gathered: what the
+    step's ``score_cache.json`` holds for the same scorers and images is reused, the rest scored (score_cache.py);
+    a scorer with nothing to score is not built."""
     ev = params.eval
-    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
-    score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
-    if part.world == 1:
-        return score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress)
-    shares = part.gather(score(images_dir, prompts, metrics, batch_size=ev.batch_size,
-                               progress=progress and part.main, part=(part.rank, part.world)))
-    return merge_score_parts(shares, prompts)
+    cache = ScoreCache(images_dir.parent / CACHE_NAME, {m: scorer_key(params, m) for m in ev.metrics},
+                       image_digests(images_dir, prompts, frames), ev.batch_size)
+    needed = functools.cache(cache.needed)
+    chunks = [(s, a, min(a + ev.batch_size, len(ps))) for s, ps in prompts.items()
+              for a in range(0, len(ps), ev.batch_size)]
+    again = {m for c in chunks for m in needed(*c)}  # the same on every rank: the images and the cache are shared
+    shares = [cache.reused(prompts, needed)]
+    if again:
+        metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics
+                   if name in again}
+        score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)
+        mine = score(images_dir, prompts, metrics, batch_size=ev.batch_size, progress=progress and part.main,
+                     part=(part.rank, part.world), needed=needed)
+        shares += part.gather(mine) if part.world > 1 else [mine]
+    merged = merge_score_parts(shares, prompts)
+    # each metric's fields together, in eval.metrics' order (a fresh scoring's): reused or not, the same files
+    owner = {f: next(k for k, m in enumerate(ev.metrics) if f == m or f.startswith(m + "/")) for f in merged}
+    scores = {f: merged[f] for f in sorted(merged, key=owner.__getitem__)}
+    if part.main and again:
+        cache.write(scores)
+    return scores
 
 
 def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
@@ -257,8 +275,7 @@ def evaluate_ground_truth(params: Params, layout: Layout) -> dict[str, Any]:
             rng = np.random.default_rng(derive_seed(ev.seed, styles.index(s), i))
             pixels = render(scene_for_prompt(prompt, rng), params.world.image_size)  # (H, W, 3) uint8
             _save_jpeg(image_path(images_dir, s, i), torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0)
-    metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics}
-    scores = score_image_folder(images_dir, prompts, metrics, batch_size=ev.batch_size)
+    scores = _score_step(params, images_dir, prompts, None, False, Part())  # the renders' scores, reused as any
     result = {"run": "ground-truth", "step": 0, "metrics": _summary(params, scores)}
     atomic_write_text(out_dir / "metrics.json", json.dumps(result, indent=2) + "\n")
     return result

@@ -32,7 +32,9 @@ def _describe(options: Mapping[str, Any]) -> str:
 
 @register_reward("clipscore", options={"model": (str, None), "processor": (Union[str, None], None),
                                        "prefix": (str, None), **HF_SCORER},
-                 table=("clipscore", 1.0, "raw cosine"), describe=_describe)
+                 table=("clipscore", 1.0, "raw cosine"), describe=_describe,
+                 weights=lambda options: [options.get("model") or CLIPSCORE_MODEL,
+                                          options.get("processor") or options.get("model") or CLIPSCORE_MODEL])
 def make_clipscore(
     model: str = CLIPSCORE_MODEL,
     processor: str | None = None,

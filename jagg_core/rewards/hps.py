@@ -79,7 +79,8 @@ def _describe(options: Mapping[str, Any]) -> str:
 
 
 @register_reward("hpsv2.1", options={"checkpoint": (str, None), "model_name": (str, None), **HF_SCORER},
-                 table=("hpsv2.1", 1.0, "raw cosine"), describe=_describe)
+                 table=("hpsv2.1", 1.0, "raw cosine"), describe=_describe,
+                 weights=lambda options: [options.get("checkpoint") or HPS_REPO])
 def make_hps(
     checkpoint: str = HPS_REPO,
     model_name: str = "ViT-H-14",

@@ -36,7 +36,9 @@ def _describe(options: Mapping[str, Any]) -> str:
 
 # Its table value is the logit-scale score / 100 (as the papers' tables), not the reward (score / 26)
 @register_reward("pickscore", options={"model": (str, None), "processor": (str, None), **HF_SCORER},
-                 table=("pickscore/score", 0.01, "logit-scale score / 100"), describe=_describe)
+                 table=("pickscore/score", 0.01, "logit-scale score / 100"), describe=_describe,
+                 weights=lambda options: [options.get("model") or PICKSCORE_MODEL,
+                                          options.get("processor") or PICKSCORE_PROCESSOR])
 def make_pickscore(
     model: str = PICKSCORE_MODEL,
     processor: str = PICKSCORE_PROCESSOR,

@@ -131,7 +131,7 @@ OPTIONS = {"url": (Annotated[str, Field(pattern=r"^https?://\S+$", max_length=20
 
 
 @register_reward("served", kind=lambda options: options.get("kind", "pointwise"), options=OPTIONS,
-                 beside_policy=lambda options: options.get("overlap", True),
+                 beside_policy=lambda options: options.get("overlap", True), reusable=False,
                  transport=("token", "timeout_s", "batch_size", "retries", "backoff_s", "max_in_flight", "overlap"),
                  describe=lambda options: f"the reward server at {shown_address(options.get('url', ''))}; its own "
                                           f"scores, as it answers them")

@@ -111,6 +111,16 @@ class RewardSpec:
     # options whose values are secrets under names the redaction's word list does not know (a key, a passphrase):
     # `***` in params.json, state.json, MLflow and every log; a fingerprint hashes them as `***`
     secret: tuple[str, ...] = ()
+    # what its scores are read from beyond its code and options, for evaluation to reuse a score only while they are
+    # unchanged (evaluation/score_cache.py): the local paths or hub ids of its weights (a function of the options;
+    # None: each option value that names a local file or folder); its content is digested, so a file replaced at
+    # the same path is seen
+    weights: Callable[[Mapping[str, Any]], list[str]] | None = None
+    # bumped where its scores change with code outside its own module (its module's source is digested already)
+    version: str = ""
+    # its scores of an image are a function of the image, the prompt, its options, weights and code: False for a
+    # reward answered elsewhere (a server), whose scores evaluation never reuses
+    reusable: bool = True
     origin: str = ""
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ __all__ = [
     "read_from",
     "read_regular",
     "read_text",
+    "paths_digest",
     "read_score_records",
     "json_lines",
     "finite_json",
@@ -436,6 +437,19 @@ def folder_digest(folder: str | os.PathLike, *, content_limit: int = CONTENT_DIG
                     h.update(block)
         else:
             h.update(f"{st.st_size}:{_file_content_sha256(p)}".encode())
+    return h.hexdigest()[:16]
+
+
+def paths_digest(path: str | os.PathLike) -> str:
+    """The content of a file, or of every regular file under a folder (links followed, as a loader follows a Hugging
+    Face snapshot's), by relative name: what a scorer's weights are (evaluation's score cache). Each file's SHA-256 is
+    remembered by its size, mtime, ctime and inode, so a large model is read once and a file replaced at the same
+    path, a new inode, is read again (16 hex digits)."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for p in files:
+        h.update(f"{p.relative_to(path) if p != path else p.name}\0{_file_content_sha256(p)}\0".encode())
     return h.hexdigest()[:16]
 
 
