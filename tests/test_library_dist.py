@@ -188,6 +188,14 @@ def check_in_fresh_venv(python: str, torch_spec: str, folder: Path, library: str
     return report
 
 
+def _release(version: str | None) -> tuple[int, ...]:
+    """``2.0``, ``2.0.0`` and ``2.0.0+cu118`` alike: the release's numbers, trailing zeros dropped."""
+    numbers = [int(n) for n in re.match(r"[\d.]*", (version or "").split("+")[0]).group(0).strip(".").split(".") if n]
+    while numbers and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
+
 def problems(report: dict, torch_version: str) -> list[str]:
     """What is wrong with one venv's report: a failed step, a pipeline module importable, jagg_core not the
     installed library's, torch moved by the library's install, a failed library test."""
@@ -203,7 +211,7 @@ def problems(report: dict, torch_version: str) -> list[str]:
         found.append(f"the pipeline's distribution jagg {probe['jagg']} is installed there")
     if probe["jagg-core"] is None or probe["version"] != probe["jagg-core"]:
         found.append(f"jagg-core {probe['jagg-core']} installed, jagg_core.__version__ {probe['version']}")
-    if probe["torch"] != torch_version:
+    if _release(probe["torch"]) != _release(torch_version):
         found.append(f"torch is {probe['torch']} after the library's install; the trainer's pin was {torch_version}")
     if report["pytest_rc"] != 0 or "passed" not in report["pytest_summary"]:
         found.append(f"the library's tests failed (rc {report['pytest_rc']}):\n{report['pytest_tail']}")
