@@ -22,7 +22,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "flow_grpo_sd3" / "train.py"
 _spec = importlib.util.spec_from_file_location("flow_grpo_sd3_example", EXAMPLE)  # a script, not a package
-example = importlib.util.module_from_spec(_spec)
+example = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # dataclasses look their module up
 _spec.loader.exec_module(example)
 
 
