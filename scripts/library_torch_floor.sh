@@ -19,4 +19,4 @@ echo "torch $torch (declared floor: $floor), jagg-core from git+file://$PWD@$com
 start=$(date +%s)
 .venv/bin/python tests/test_library_dist.py --python oldest --torch "$torch" --pip \
     --library "jagg-core @ git+file://$PWD@$commit#subdirectory=lib/jagg-core"
-echo "$(( $(date +%s) - start )) s on $(nproc) cores, $(date -u +%F)" >&2
+echo "$(( $(date +%s) - start )) s on $(getconf _NPROCESSORS_ONLN) cores, $(date -u +%F)" >&2
