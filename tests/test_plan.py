@@ -50,11 +50,15 @@ def test_update_counts_follow_the_trainers_routing():
     assert rows["jagg"]["H100_iteration_s"] == pytest.approx(rows["jagg"]["iteration_pflop"] * 1e15 / rate)
 
 
-def test_one_window_of_four_is_the_textbook_ratio_with_checkpointing():
-    """Flow-GRPO-Fast with a 4-step window as one JAGG group: exact 4·(f + 3f) = 16 f, JAGG 2·4f + 2f = 10 f."""
+def test_one_window_of_four_is_the_textbook_ratio_with_lora_and_checkpointing():
+    """Flow-GRPO-Fast with a 4-step window as one JAGG group, LoRA with gradient checkpointing (b = 1 + 1 = 2):
+    exact 4·(f + 2f) = 12 f, JAGG 2·3f + 2f = 8 f; `jagg plan` prints the backward's cost and why."""
     p = plan(load_params(REPO / "params.yaml", "qwenimage"))
     jagg = next(r for r in p["methods"] if r["method"] == "jagg")
-    assert jagg["update_speedup"] == pytest.approx(1.6)
+    assert p["lora_rank"] and p["gradient_checkpointing"] and p["backward_forwards"] == 2
+    assert jagg["update_speedup"] == pytest.approx(1.5)
+    assert ("backward = 2 forwards (LoRA: the frozen base's weight gradients are skipped, only the activations' are "
+            "computed; gradient checkpointing recomputes the forward)") in format_plan(p)
     assert p["paper"] == {"update": (393.0, 275.0), "iteration": (674.0, 556.0)}
 
 
@@ -63,7 +67,7 @@ def test_reference_forwards_and_the_monitor_are_counted():
     (iterations 1, 9, 17, …) beside the update, the fidelity monitor not run under FSDP. sd3 (β = 0.04): one
     reference forward per trained step in every update, and the monitor (DDP) at 10 of 200 iterations."""
     p = plan(load_params(REPO / "params.yaml", "qwenimage"))
-    f, b, images = p["forward_tflop_per_image_step"] * 1e12, 3 * p["forward_tflop_per_image_step"] * 1e12, 256
+    f, images = p["forward_tflop_per_image_step"] * 1e12, 256
     for r in p["methods"]:
         assert r["reference_forwards_per_image"] == pytest.approx(2 * 25 / 200)
         assert r["forwards"]["monitor_grad"] == r["forwards"]["monitor_runs"] == 0
@@ -78,8 +82,9 @@ def test_reference_forwards_and_the_monitor_are_counted():
     assert "ref fwd/img" in text and "at 25 of 200 iterations (iterations 1, 9, 17, …)" in text
     assert "not run under FSDP on 8 GPUs" in text
 
-    s = plan(load_params(REPO / "params.yaml", "sd3"))
-    f, b, images = s["forward_tflop_per_image_step"] * 1e12, 2 * s["forward_tflop_per_image_step"] * 1e12, 384
+    s = plan(load_params(REPO / "params.yaml", "sd3"))  # LoRA without checkpointing: b = 1 forward
+    f, b, images = s["forward_tflop_per_image_step"] * 1e12, s["forward_tflop_per_image_step"] * 1e12, 384
+    assert "backward = 1 forward (LoRA: the frozen base's weight gradients are skipped" in format_plan(s)
     rows = {r["method"]: r for r in s["methods"]}
     assert rows["baseline"]["update_pflop"] * 1e15 == pytest.approx(images * (4 * (f + b) + 4 * f))
     assert rows["jagg"]["update_pflop"] * 1e15 == pytest.approx(images * (2 * (f + b) + 2 * f + 4 * f))

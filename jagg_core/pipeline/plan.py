@@ -7,8 +7,9 @@ take on H100 / H200 at a stated utilisation (:data:`GPUS`, :data:`UTILISATION`),
 
 The FLOP model: a forward of one image at one step is ``2·N·S + 4·L·S²·d`` (N transformer parameters, S = image +
 text tokens, L attention layers of width d), times 2 under true classifier-free guidance; a video backbone (Wan)
-attends to the text by cross-attention: S = latent frames × patches per frame, plus ``4·L·S·S_text·d``; a backward costs 2 forwards,
-3 with gradient checkpointing (the recompute). A JAGG group of W steps costs K with-grad forwards and backwards plus
+attends to the text by cross-attention: S = latent frames × patches per frame, plus ``4·L·S·S_text·d``; a backward costs
+:func:`jagg_core.cost.backward_factor` forwards: 2 for a full fine-tune, 1 with LoRA (no weight gradients of the frozen
+base), one more with gradient checkpointing (the recompute). A JAGG group of W steps costs K with-grad forwards and backwards plus
 W − K no-grad forwards (none with rollout-velocity reuse); an exact group W of each. The frozen reference's no-grad
 forwards are counted as the trainer makes them (at β > 0 one per trained step, in the update; at β = 0 the
 ``train/kl_ref`` diagnostic's, every ``train.kl_ref_every`` iterations), and so is the fidelity monitor, both amortised
@@ -24,7 +25,7 @@ from typing import Any
 
 from ..setup.config import Params, ParamsError, ResolvedMethod
 from ..setup.registry import CostFacts as Architecture, backbone_names, backbone_spec
-from ..cost import group_forwards
+from ..cost import backward_factor, group_forwards
 from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 
 __all__ = ["GPUS", "UTILISATION", "PAPER", "forward_counts", "forward_flops", "format_plan", "implied_utilisation",
@@ -134,13 +135,14 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
     f = forward_flops(arch, shape.height, shape.width, shape.cfg, shape.frames)
     images = sample.prompts_per_iteration * sample.group_size
     memory, state = _memory(params, arch, shape, n_gpus)
-    rows = _method_rows(params, methods or tuple(params.run.methods), f=f, b=(3 if shape.ckpt else 2) * f,
+    b, why = backward_factor(lora=bool(state["rank"]), checkpointing=shape.ckpt)
+    rows = _method_rows(params, methods or tuple(params.run.methods), f=f, b=b * f,
                         images=images, state=state, n_gpus=n_gpus, utilisation=utilisation)
     return {
         "profile": params.profile, "architecture": arch.name, "architecture_source": arch.source,
         "gpus": n_gpus, "utilisation": utilisation, "height": shape.height, "width": shape.width,
         "frames": shape.frames, "cfg_forwards": shape.cfg,
-        "gradient_checkpointing": shape.ckpt, "tokens": shape.tokens, "trainable_params": state["trainable"],
+        "gradient_checkpointing": shape.ckpt, "backward_forwards": b, "backward_why": why, "tokens": shape.tokens, "trainable_params": state["trainable"],
         "lora_rank": state["rank"], "images_per_iteration": images, "num_steps": sample.num_steps,
         "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
         "evaluation": _evaluation(params, f, n_gpus, utilisation), "paper": PAPER.get(params.profile),
@@ -293,8 +295,7 @@ def format_plan(p: dict[str, Any]) -> str:
         f"({'LoRA rank ' + str(p['lora_rank']) if p['lora_rank'] else 'full fine-tune'}); "
         f"{p['images_per_iteration']} images × {p['num_steps']} steps per iteration, {p['iterations']} iterations",
         f"  forward of one image at one step: {p['forward_tflop_per_image_step']:.1f} TFLOP; backward = "
-        f"{3 if p['gradient_checkpointing'] else 2} forwards (gradient checkpointing "
-        f"{'on' if p['gradient_checkpointing'] else 'off'})",
+        f"{p['backward_forwards']:g} forward{'s' if p['backward_forwards'] != 1 else ''} ({p['backward_why']})",
         f"  memory per rank (estimate): transformer {mem['transformer_weights_gb']:.1f} GB + trainable state "
         f"{mem['trainable_state_gb']:.1f} GB + frozen encoders {mem['frozen_encoders_gb']:.1f} GB + "
         f"{mem['activations_per_graph_gb']:.1f} GB of activations per live graph",
