@@ -54,6 +54,9 @@ class Config:
     adv_clip_max: float = 5.0  # train.adv_clip_max
     max_grad_norm: float = 1.0
     lora_rank: int = 4
+    num_layers: int = 2  # the transformer's size: tiny by default, larger for timing (scripts/trainer_costs.py)
+    head_dim: int = 8
+    latent_size: int = 8  # latents (B, 4, latent_size, latent_size)
     mixed_precision: str = "no"  # "no", "bf16" or "fp16" (accelerate's)
     grad_scaler: bool = False  # a GradScaler where accelerate makes none (on CPU): its GPU fp16 path, on CPU
     cpu: bool = False
@@ -69,9 +72,11 @@ class Config:
 def build_transformer(config: Config) -> torch.nn.Module:
     """A tiny random SD3 transformer with Flow-GRPO's LoRA targets."""
     torch.manual_seed(config.seed)
-    transformer = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-                                        num_attention_heads=2, joint_attention_dim=32, caption_projection_dim=16,
-                                        pooled_projection_dim=32, out_channels=4, pos_embed_max_size=16)
+    transformer = SD3Transformer2DModel(sample_size=config.latent_size, patch_size=2, in_channels=4,
+                                        num_layers=config.num_layers, attention_head_dim=config.head_dim,
+                                        num_attention_heads=2, joint_attention_dim=32,
+                                        caption_projection_dim=2 * config.head_dim, pooled_projection_dim=32,
+                                        out_channels=4, pos_embed_max_size=16)
     transformer.requires_grad_(False)
     targets = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",
                "attn.to_out.0", "attn.to_q", "attn.to_v"]
@@ -106,14 +111,14 @@ def noise_pred(transformer, latents, timesteps, embeds, pooled, neg_embeds, neg_
 @torch.no_grad()
 def rollout(transformer, emb, config: Config, device) -> dict[str, torch.Tensor]:
     """Every process's images of the epoch (B, …), seeded by the epoch alone, so one process and several shard the
-    same samples: latents (B, T + 1, 4, 8, 8), log_probs (B, T), timesteps (B, T), sigmas (T + 1,), rewards."""
+    same samples: latents (B, T + 1, 4, h, w), log_probs (B, T), timesteps (B, T), sigmas (T + 1,), rewards."""
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0)
     scheduler.set_timesteps(config.num_steps)
     sigmas = scheduler.sigmas.to(torch.float32)
     g = torch.Generator().manual_seed(config.seed)
     prompt = torch.arange(config.num_prompts).repeat_interleave(config.group_size)
     b = len(prompt)
-    z = torch.randn(b, 4, 8, 8, generator=g).to(device)
+    z = torch.randn(b, 4, config.latent_size, config.latent_size, generator=g).to(device)
     latents, log_probs = [z], []
     for j in range(config.num_steps):
         t = (sigmas[j] * 1000).expand(b).to(device)
