@@ -1,6 +1,6 @@
 """An import-linter contract type the built-in ones lack: what a distribution ships imports nothing but the packages
-it may, and the standard library. pyproject.toml's ``[tool.importlinter]`` registers it (``contract_types``; lint-imports
-imports it from the repository root, its working folder) for the library's contract: the modules that
+it may, and the standard library. pyproject.toml's ``[tool.importlinter]`` registers it (``contract_types``;
+lint-imports imports it from the repository root, its working folder) for the library's contract: the modules that
 lib/jagg-core ships (its pyproject.toml's ``[tool.hatch.build.hooks.custom] modules``, read here, so the contract
 follows the distribution) import torch, the standard library and each other, nothing else — ``import numpy`` added to
 jagg_core/jagg.py breaks it, named with its line. The built-in ``forbidden`` contract can only list what is refused.

@@ -1,9 +1,10 @@
 """jagg-core, the library as its own distribution (lib/jagg-core; docs/library.md), installed as a trainer installs it:
 a fresh venv holds torch (the pipeline's pin) and the library alone — nothing of the pipeline importable there —
 imports jagg_core and passes the library's tests, on the oldest and the newest Python this machine has (3.10 and
-3.13 here; a machine without the library's lowest Python runs what it has, with a warning). The two venvs are built side by side from uv's cache (torch and its CUDA wheels hard-linked, not copied;
-a Python whose torch wheel is not cached yet downloads it once), and the library goes in from its folder, built by
-its own backend, after torch, which it must leave as it was.
+3.13 here; a machine without the library's lowest Python runs what it has, with a warning). The two venvs are built
+side by side from uv's cache (torch and its CUDA wheels hard-linked, not copied; a Python whose torch wheel is not
+cached yet downloads it once), and the library goes in from its folder, built by its own backend, after torch, which
+it must leave as it was.
 
 By hand, on any torch and Python (scripts/library_torch_floor.sh proves the lowest torch declared this way):
 
@@ -323,7 +324,9 @@ def test_the_wheel_holds_the_algorithm_and_requires_torch_alone(tmp_path):
 def fresh_venvs(tmp_path_factory):
     pythons = find_pythons()
     chosen = {v: pythons[v] for v in {min(pythons), max(pythons)}}
-    return chosen, check_pythons(chosen, pipeline_torch(), tmp_path_factory.mktemp("library-venvs"))
+    parent = tmp_path_factory.mktemp("library-venvs")
+    yield chosen, check_pythons(chosen, pipeline_torch(), parent)
+    shutil.rmtree(parent, ignore_errors=True)  # ~18,000 files a venv: links into uv's cache, ~15 MB of bytecode
 
 
 @pytest.mark.slow  # two venvs built and tested: 30–50 s on 2 cores (make test-fast leaves it out)
@@ -348,7 +351,8 @@ def main() -> int:
                         "repeat for several; default: the oldest and the newest found")
     parser.add_argument("--torch", default=pipeline_torch(), help="the torch version (default: the pipeline's pin)")
     parser.add_argument("--library", default=str(LIBRARY), help="what to install the library from: its folder "
-                        "(default) or a requirement such as 'jagg-core @ git+file:///repo@COMMIT#subdirectory=lib/jagg-core'")
+                        "(default) or a requirement such as "
+                        "'jagg-core @ git+file:///repo@COMMIT#subdirectory=lib/jagg-core'")
     parser.add_argument("--pip", action="store_true", help="install the library with the venv's own pip, not uv")
     parser.add_argument("--keep", help="build the venvs under this folder and keep them")
     args = parser.parse_args()
