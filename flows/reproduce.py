@@ -24,6 +24,7 @@ from jagg_core.setup.config import ParamsError
 from jagg_core.setup.paths import run_name
 from jagg_core.setup.redact import redact
 from tasks.common import shown_redacted
+from tasks.dvc_record import record_in_dvc
 
 from .pool import run_on_pool
 from .stages import evaluate_task, prepare_task, pretrain_task, report_task, speed_task, train_task
@@ -68,7 +69,8 @@ def _reproduce(params, profile: str, parallel_runs: int, overrides: dict[str, An
         finished = run_on_pool(params, profile=profile, parallel_runs=parallel_runs, sweep=sweep, overrides=overrides,
                                params_file=params_file, restart=restart)
         speed_task(params)
-        return {"report": report_task(params, sweep), "runs": finished}
+        return _recorded({"report": report_task(params, sweep), "runs": finished}, params.profile, overrides,
+                         params_file)
     evaluate_task(params, "base", sweep)
     # Runs one at a time by default: on a shared CPU, overlapping runs would distort each other's timings (the
     # report's speed table times every method side by side at the end instead: its interleaved measurement).
@@ -94,7 +96,16 @@ def _reproduce(params, profile: str, parallel_runs: int, overrides: dict[str, An
         for m, s in runs:
             evaluate_task(params, run_name(m, s), sweep)
     speed_task(params)  # every method's update side by side, on one machine state: the report's speed table
-    return {"report": report_task(params, sweep), "runs": finished}
+    return _recorded({"report": report_task(params, sweep), "runs": finished}, params.profile, overrides,
+                         params_file)
+
+
+def _recorded(result: dict, profile: str, overrides: dict[str, Any] | None, params_file: str | None) -> dict:
+    """``result``, once DVC's record holds what the flow finished (tasks/dvc_record.py): a bare `dvc repro` afterwards
+    runs nothing. Its line goes to the flow run's log."""
+    line = record_in_dvc(profile, overrides=overrides, params_file=params_file)
+    print(line)
+    return {**result, "dvc": line}
 
 
 @flow(name="jagg-evaluate", log_prints=True)
