@@ -267,27 +267,7 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the memory probes run on the same GPU
 
-    memory: dict = {"skipped": "--no-memory"}
-    if cfg.memory:
-        names = [n for n in (*MEMORY_VARIANTS, *(f"jagg-k{k}" for k in cfg.anchors if k > 2))
-                 if fits(n, w_max) and (not cfg.variants or n == "exact" or n in cfg.variants)]
-        say(f"{spec.name}: peak memory, one process per variant ({len(names)})")
-        rows = measure_memory(spec, names, window=w_max, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
-                              threads=cfg.threads)
-        peak = {r["variant"]: r["update_peak_mb"] for r in rows}
-        checks = ({"sequential_le_joint": peak["jagg-sequential"] <= peak["jagg-joint"]}
-                  if {"jagg-sequential", "jagg-joint"} <= set(peak) else {})
-        memory = {"window": w_max, "jagg_frac": 1.0, "variants": rows, "checks": checks}
-
-    comm: dict = {"skipped": "--no-comm"}
-    if cfg.comm and spec.kind != "builtin":
-        comm = {"skipped": "measured on the built-in models only (two CPU processes cannot hold a real backbone); "
-                           "the counts do not depend on the model"}
-    elif cfg.comm:
-        say(f"{spec.name}: communication, 2 gloo processes")
-        comm = measure_comm(spec, windows=list(cfg.windows), steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
-                            threads=max(1, cfg.threads // 2))
-
+    memory, comm = _memory_and_comm(spec, cfg, w_max, say)
     machine["loadavg_end"] = list(os.getloadavg())
     return {
         "schema": SCHEMA,
@@ -305,6 +285,31 @@ def _run_bench(spec: ModelSpec, cfg: BenchConfig, progress: Callable[[str], None
         "memory": memory,
         "comm": comm,
     }
+
+
+def _memory_and_comm(spec: ModelSpec, cfg: BenchConfig, w_max: int, say: Callable[[str], None]) -> tuple[dict, dict]:
+    """The bench's two measurements in processes of their own: each variant's peak memory, and the gradient
+    communication of two gloo processes (or why each was skipped)."""
+    memory: dict = {"skipped": "--no-memory"}
+    if cfg.memory:
+        names = [n for n in (*MEMORY_VARIANTS, *(f"jagg-k{k}" for k in cfg.anchors if k > 2))
+                 if fits(n, w_max) and (not cfg.variants or n == "exact" or n in cfg.variants)]
+        say(f"{spec.name}: peak memory, one process per variant ({len(names)})")
+        rows = measure_memory(spec, names, window=w_max, steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
+                              threads=cfg.threads)
+        peak = {r["variant"]: r["update_peak_mb"] for r in rows}
+        checks = ({"sequential_le_joint": peak["jagg-sequential"] <= peak["jagg-joint"]}
+                  if {"jagg-sequential", "jagg-joint"} <= set(peak) else {})
+        memory = {"window": w_max, "jagg_frac": 1.0, "variants": rows, "checks": checks}
+    comm: dict = {"skipped": "--no-comm"}
+    if cfg.comm and spec.kind != "builtin":
+        comm = {"skipped": "measured on the built-in models only (two CPU processes cannot hold a real backbone); "
+                           "the counts do not depend on the model"}
+    elif cfg.comm:
+        say(f"{spec.name}: communication, 2 gloo processes")
+        comm = measure_comm(spec, windows=list(cfg.windows), steps=cfg.steps, batch=cfg.batch, seed=cfg.seed,
+                            threads=max(1, cfg.threads // 2))
+    return memory, comm
 
 
 def save_result(result: dict, out_dir: str | Path) -> Path:

@@ -335,17 +335,8 @@ def evaluate_run(
     logger = logger or NullLogger()
     prompts = test_prompts(params, layout)
     eval_dir = layout.eval_dir(run)
-    if run == "base":
-        steps = [(0, None)]
-    else:
-        if checkpoints is not None:
-            found = list(checkpoints)
-        else:  # rank 0 verifies them (reads every file once), the others take its list
-            found = part.gather(list_checkpoints(layout.checkpoints(run)) if part.main else None)[0]
-        if not found:
-            raise EvalError(f"run {run} has no complete checkpoint under {layout.checkpoints(run)}; train it first.")
-        use_ema = params.train.ema_decay > 0
-        steps = [(c.iteration, c) for c in found]
+    steps = _steps(layout, run, checkpoints, part)
+    use_ema = params.train.ema_decay > 0
     n_curve = _curve_subset(prompts, params.eval.curve_subset)
     curve_prompts = {s: ps[:n_curve] for s, ps in prompts.items()} if n_curve else prompts
     curve = []
@@ -380,13 +371,31 @@ def evaluate_run(
              "curve_prompts_per_style": n_curve,  # None: the curve's points are on the whole split
              "conventions": evaluation_conventions(params),  # what every score depends on (conventions.py)
              "images": str((eval_dir / "steps" / f"{steps[-1][0]:06d}" / "images").relative_to(layout.root))}
-    if not part.main:
-        return final
+    if part.main:
+        _write_metrics(params, eval_dir, final)
+    return final
+
+
+def _steps(layout: Layout, run: str, checkpoints: Sequence[Checkpoint] | None,
+           part: Part) -> list[tuple[int, Checkpoint | None]]:
+    """(iteration, checkpoint) of each step to evaluate: the base model's one step, or the run's checkpoints."""
+    if run == "base":
+        return [(0, None)]
+    if checkpoints is not None:
+        found = list(checkpoints)
+    else:  # rank 0 verifies them (reads every file once), the others take its list
+        found = part.gather(list_checkpoints(layout.checkpoints(run)) if part.main else None)[0]
+    if not found:
+        raise EvalError(f"run {run} has no complete checkpoint under {layout.checkpoints(run)}; train it first.")
+    return [(c.iteration, c) for c in found]
+
+
+def _write_metrics(params: Params, eval_dir: Path, final: dict[str, Any]) -> None:
+    """``metrics.json`` (the summary) and ``curve.json``, the curve as a DVC plot (`dvc plots show`): one row per
+    evaluated step; ``main`` is the benchmark score of the first of eval.metrics, the same field name on every
+    profile."""
     atomic_write_text(eval_dir / "metrics.json", json.dumps(final, indent=2) + "\n")
-    # The curve as a DVC plot (`dvc plots show`): one row per evaluated step; `main` is the benchmark score of the
-    # first of eval.metrics, the same field name on every profile.
     main = params.eval.metrics[0]
     rows = [{"step": p["step"], "main": p[f"eval/{main}"], "main_metric": main,
-             **{m: p[f"eval/{m}"] for m in params.eval.metrics}} for p in curve]
+             **{m: p[f"eval/{m}"] for m in params.eval.metrics}} for p in final["curve"]]
     atomic_write_text(eval_dir / "curve.json", json.dumps(rows, indent=1) + "\n")
-    return final
