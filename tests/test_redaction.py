@@ -176,6 +176,123 @@ def test_m3_a_password_with_a_space_in_the_ui_url_is_not_echoed_in_the_validatio
     assert not any(p in shown for p in ["Kv8Qz3", "Wm7Tx2ab", password]), shown
 
 
+# --- a secret field's value in no error, whatever its type; a URL's query ------------------------------------------
+
+TOKEN = 98765432109876
+# a secret given in each shape YAML can give it; the 4 k string is too long for a token (its first 80 characters
+# were quoted)
+_SHAPES = {"a number": TOKEN, "a list": [TOKEN, "Lq8Wz3Xc5Vb"], "a mapping": {"k": TOKEN, "j": "Lq8Wz3Xc5Vb"},
+           "a 4 k string": "Zr4Kw9" * 700}
+
+
+def _pieces_of(value) -> list[str]:
+    from jagg_core.setup.redact import _scalars
+
+    return sorted(_scalars([value]) | {s[:20] for s in _scalars([value])})
+
+
+def _secret_options():
+    """Every option a registered plugin takes whose value is a secret (its name a secret word, or its spec's mark):
+    the served reward's token and whatever a plugin adds, each as the override that sets it."""
+    from jagg_core.setup.redact import _is_secret_key
+    from jagg_core.setup.registry import backbone_names, backbone_spec, reward_names, reward_spec
+
+    load_params(PARAMS, "ci")  # the plugins loaded
+    found = [(f"reward.options.{n}", k) for n in reward_names() for k in reward_spec(n).options
+             if _is_secret_key(k) or k in reward_spec(n).secret]
+    found += [("model.options", k) for n in backbone_names() for k in backbone_spec(n).options
+              if _is_secret_key(k) or k in backbone_spec(n).secret]
+    return found
+
+
+@pytest.mark.parametrize("shape", _SHAPES)
+def test_a_secret_fields_value_is_in_no_validation_error_whatever_its_type(shape):
+    """`--set reward.options.served.token=98765432109876` (a number, a list, a mapping, a 4 k string) was echoed in
+    clear: "… token = 98765432109876 is invalid". Every secret option of every registered plugin (and one a
+    plugin marks secret, typed as a count so that the quoted-number check speaks too) is refused without its value."""
+    from jagg_core.setup import registry
+    from jagg_core.setup.registry import RewardSpec
+
+    value = _SHAPES[shape]
+    registry.add("reward", RewardSpec("vault-count", lambda **_: None, options={"pin": (int, None)}, secret=("pin",)))
+    try:
+        options = [*_secret_options(), ("reward.options.vault-count", "pin")]
+        assert ("reward.options.served", "token") in options
+        for where, key in options:
+            for given in (value, str(TOKEN)) if key == "pin" else (value,):
+                try:
+                    params = load_params(PARAMS, "ci", {f"{where}.{key}": given})
+                except ParamsError as e:
+                    shown = _one_sentence(str(e))
+                    assert f"{key} = ***" in shown or f"{where}." in shown, shown
+                    assert not any(p in shown for p in _pieces_of(given)), shown
+                else:  # taken: then redacted wherever params are written
+                    assert not any(p in repr(params.redacted()) for p in _pieces_of(given))
+    finally:
+        registry.remove("reward", "vault-count")
+
+
+def test_a_secret_given_in_any_shape_is_not_printed_by_plan_train_or_run(tmp_path, monkeypatch, capsys):
+    """The issue's three commands, as a user types them (in process: the same `main` the `jagg` command calls)."""
+    from flows.cli import main
+
+    shutil.copy(PARAMS, tmp_path / "params.yaml")
+    monkeypatch.chdir(tmp_path)
+    for command, more in (("plan", []), ("train", ["--method", "jagg"]), ("run", [])):
+        for shape, value in (("a number", TOKEN), ("a list", "[98765432109876, Lq8Wz3Xc5Vb]")):
+            rc = main([command, "--profile", "ci", *more, "--set", f"reward.options.served.token={value}"])
+            err = capsys.readouterr().err.strip()
+            assert rc == 1 and f"token = *** ({shape}) is invalid" in err, (command, err)
+            assert str(TOKEN) not in err and "Lq8Wz3Xc5Vb" not in err, (command, err)
+
+
+def test_an_errors_input_is_quoted_only_through_invalid_value():
+    """The rule behind the test above, for the next check that quotes a value: a pydantic error's ``input`` (what a
+    user gave) is read only as an argument of ``redact.invalid_value``, which hides a secret field's value whatever
+    its type. An ast walk of jagg_core, tasks and flows."""
+    import ast
+
+    from conftest import REPO
+
+    found = []
+    for path in [p for d in ("jagg_core", "tasks", "flows") for p in (REPO / d).rglob("*.py")]:
+        tree = ast.parse(path.read_text(), str(path))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            reads = (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                     and node.slice.value == "input"
+                     or isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                     and node.func.attr == "get" and node.args and isinstance(node.args[0], ast.Constant)
+                     and node.args[0].value == "input")
+            if not reads or isinstance(parents.get(node), ast.Compare):  # `"input" in err` is no read
+                continue
+            call = parents.get(node)
+            name = getattr(getattr(call, "func", None), "id", getattr(getattr(call, "func", None), "attr", ""))
+            if not (isinstance(call, ast.Call) and name in ("invalid_value", "isinstance")):  # quoted, or its type
+                found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not found, f"a validation error's input quoted outside redact.invalid_value: {found}"
+
+
+def test_a_urls_query_is_secret_in_stored_params_and_in_messages():
+    """`reward.options.served.url: http://…/score?api_key=…` was hidden in messages (the served reward shows its
+    address without the query) but in clear in MLflow's params, params.json and state.json (`Params.redacted()`).
+    Every value of a URL's query is `***` there and in anything redacted; a key-like one is remembered on its own."""
+    from jagg_core.pipeline.tracking import param_strings
+    from jagg_core.setup.redact import holds_secret, redact
+
+    key = "QK3yS3cretA9"
+    url = f"http://127.0.0.1:9/score?api_key={key}&v=2"
+    params = load_params(PARAMS, "ci", {"reward.options": {"served": {"url": url}},
+                                        "tracking.ui_url": "http://h:5000/?sig=Hx7Nq2Lp5Rt"})
+    stored = params.redacted()
+    assert stored["reward"]["options"]["served"]["url"] == "http://127.0.0.1:9/score?api_key=***&v=***"
+    assert stored["tracking"]["ui_url"] == "http://h:5000/?sig=***"
+    assert key not in repr(param_strings(params.masked())) and "Hx7Nq2Lp5Rt" not in repr(stored)
+    shown = redact(f"GET {url} failed; {key} refused")
+    assert shown == "GET http://127.0.0.1:9/score?api_key=***&v=*** failed; *** refused", shown
+    assert holds_secret(f"s-http://h/?x={key}")  # a name (a sweep's, an experiment's) holding a query is refused
+
+
 # --- secrets where they would name something: refused --------------------------------------------------------------
 
 
@@ -288,16 +405,18 @@ def test_a_run_writes_no_secret_to_disk_or_to_its_command_line(ci_project):
     secret = "pw-7d1f0c"
     store = ci_project / "mlflow.db"
     out = run_module("tasks.train", "--profile", "ci", "--method", "jagg", "--set", "train.iterations=1",
-                     "--set", f"tracking.ui_url=http://admin:{secret}@127.0.0.1:5000", root=ci_project)
+                     "--set", f"tracking.ui_url=http://admin:{secret}@127.0.0.1:5000",
+                     "--set", "reward.options={served: {url: 'http://127.0.0.1:9/score?api_key=Qk4Rz8Wm2Tx'}}",
+                     root=ci_project)
     assert out.returncode == 0, out.stderr[-2000:]
     assert secret not in out.stdout + out.stderr  # the launcher logs the worker's command line
     written = [p for p in ci_project.rglob("*.json") if "mlflow" not in p.name]
     assert any(p.name == "state.json" for p in written) and any(p.name == "params.json" for p in written)
-    for p in written:
-        assert secret not in p.read_text(), p
+    for p in written:  # a URL's query (the served reward's api_key) too: it was in clear in all three stores
+        assert secret not in p.read_text() and "Qk4Rz8Wm2Tx" not in p.read_text(), p
     with sqlite3.connect(store) as db:
         values = [v for (v,) in db.execute("select value from params")]
-    assert values and not any(secret in v for v in values)
+    assert values and not any(secret in v or "Qk4Rz8Wm2Tx" in v for v in values)
     assert not list(ci_project.rglob(".worker-context-*"))  # the launcher's private file is gone
 
 

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Mapping, Union, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model, model_validator
 
+from .redact import hide, invalid_value, is_secret_path
+
 __all__ = ["Count", "Number", "OptionSchema", "Size", "Tokens", "Scale", "Shift", "Share", "RGB", "Frames", "LORA",
            "DIFFUSERS_COMMON", "HF_SCORER", "TAU_OPTIONS", "option_reader", "read_options"]
 
@@ -109,9 +111,11 @@ def option_reader(where: str, schema: OptionSchema) -> type[BaseModel]:
     return create_model(where, __base__=_Options, **{k: (t, d) for k, (t, d) in schema.items()})
 
 
-def read_options(model: type[BaseModel], options: Mapping[str, Any], where: str, what: str) -> dict[str, Any]:
+def read_options(model: type[BaseModel], options: Mapping[str, Any], where: str, what: str,
+                 secret: tuple[str, ...] = ()) -> dict[str, Any]:
     """``options`` read through ``model``: the values as typed (numeric strings become numbers), or one sentence
-    naming the dotted option, the value and what it takes."""
+    naming the dotted option, the value and what it takes; a secret option's value (its name a secret word, or one
+    of ``secret``, its plugin's marks) is in no sentence, whatever its type (:func:`~.redact.invalid_value`)."""
     if not isinstance(options, Mapping):
         raise ValueError(f"{where} must be a mapping of option -> value")
     try:
@@ -122,8 +126,10 @@ def read_options(model: type[BaseModel], options: Mapping[str, Any], where: str,
         if err["type"] == "extra_forbidden":
             raise ValueError(f"{where}: {what} has no option {key!r}; its options: "
                              f"{', '.join(model.model_fields) or 'none'}") from None
-        msg = err["msg"].removeprefix("Value error, ")
+        # no value of a secret option in any sentence, whichever check quotes it
+        msg = hide(err["msg"].removeprefix("Value error, "), also=[v for k, v in options.items()
+                                                                   if is_secret_path((str(k),), secret)])
         if not key:  # a whole-dict check (true/false where a number goes) names the option itself
             raise ValueError(f"{where}.{msg}") from None
-        raise ValueError(f"{where}.{key} = {err.get('input')!r} is invalid: {msg}") from None
+        raise ValueError(invalid_value(f"{where}.{key}", err.get("input"), msg, secret)) from None
     return {k: getattr(typed, k) for k in options}

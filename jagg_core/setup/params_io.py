@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from .config import _NAME, Params, ParamsError
 from .paths import PathRuleError, inside
-from .redact import holds_secret, redact_value
+from .redact import hide, holds_secret, invalid_value, redact_value
 from .storage import read_regular
 
 __all__ = ["deep_merge", "load_params", "parse_yaml"]
@@ -78,11 +78,9 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
         named = loc and not msg.startswith(loc)  # a typed option's sentence names its dotted path itself
         return f"{source}: {loc + ': ' if named else ''}{msg}{more}."
     if "input" in err and err["type"] != "missing":
-        # the value as typed, less a URL's credentials: a password with a space is no URL the free-text redaction
-        # (which ends at a space) recognises, but this input is one value
-        shown = repr(redact_value(err["input"]))
-        shown = shown if len(shown) <= 100 else f"{shown[:80]}… ({len(shown):,} characters)"
-        return f"{source}: {loc or 'params'} = {shown} is invalid: {msg}{more}."
+        # the value as typed, less a URL's credentials (a password with a space is no URL the free-text redaction,
+        # which ends at a space, recognises, but this input is one value); a secret field's not at all
+        return f"{source}: {invalid_value(loc or 'params', err['input'], msg)}{more}."
     return f"{source}: {loc} is invalid: {msg}{more}."
 
 
@@ -343,7 +341,9 @@ def load_params(
     try:
         params = Params.model_validate(tree)
     except ValidationError as e:
-        raise ParamsError(_describe(e, f"{source} (profile {name})", tree)) from None
+        # params that did not validate were never remembered as secrets: the sentence loses its tree's own, whichever
+        # check quoted one (a secret key's value whatever its type, a URL's credentials or query)
+        raise ParamsError(hide(_describe(e, f"{source} (profile {name})", tree), tree)) from None
     if partial:  # after its values' own sentences: a typo in it is named before the file as a whole
         project = os.path.relpath(root / "params.yaml", Path(os.path.abspath(path)).parent)
         raise ParamsError(f"{source} neither extends the project's params file nor defines profiles, so every key it "

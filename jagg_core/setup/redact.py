@@ -3,7 +3,9 @@
 
 A key names a secret when one of its words is a secret word (``token``, ``password``, ``private_key``, ``auth``…);
 its value, and every other occurrence of that value in any string of the tree, becomes ``***``. Credentials inside
-URLs (``postgresql://admin:pw@host/db``) are redacted wherever they appear. Lists and dicts inside lists are walked.
+URLs (``postgresql://admin:pw@host/db``) and the values of a URL's query (``https://h/score?api_key=***``: services take keys and
+signatures there, so every value of a query is treated as one) are redacted wherever they appear; a secret key's value is
+secret whatever its type (a number, a list, a mapping: every value in it). Lists and dicts inside lists are walked.
 An option that a plugin's spec marks secret (``secret=("seed_phrase",)``, a name the word list cannot know) is
 redacted by its path (:func:`mask`, what ``Params.redacted()`` applies) and its value wherever else it occurs.
 """
@@ -14,7 +16,8 @@ import copy
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["flatten", "holds_secret", "mask", "redact", "redact_own", "redact_value", "remember", "REDACTED"]
+__all__ = ["flatten", "hide", "holds_secret", "invalid_value", "is_secret_path", "mask", "redact", "redact_own",
+           "redact_value", "remember", "REDACTED"]
 
 REDACTED = "***"
 _SECRET_WORDS = {"token", "secret", "password", "passwd", "pwd", "passphrase", "apikey", "auth", "authorization",
@@ -30,6 +33,14 @@ _SECRET_PHRASES = ("api_key", "access_key", "private_key", "secret_key", "sessio
 _URL_CREDENTIALS = re.compile(
     r"(?P<scheme>[a-z][a-z0-9+.-]*:/+)"
     r"(?P<userinfo>[^\s/?#:@\"'<>`]*:(?:(?!://)[^\s\"'<>`])*|[^\s/?#:\"'<>`]*)@", re.I)
+# A URL's query (after the path, up to a '#' or where the URL ends): each `name=value` keeps its name, its value is
+# `***` (`?api_key=***&v=***`), a value alone is `***` (`?***`). The userinfo is redacted first, so a '?' in a password
+# is never taken for the query's start. In one value (a field's input) the query runs to the value's end.
+_URL_QUERY = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*:/+[^\s?#\"'<>`]*\?)(?P<query>[^\s#\"'<>`]*)", re.I)
+_VALUE_QUERY = re.compile(r"(?P<head>[a-z][a-z0-9+.-]+:/+[^?#]*\?)(?P<query>[^#]*)", re.I | re.S)
+# The names of a query's values that are also remembered as secrets on their own (a library may quote them without
+# the URL): the secret words, and those a query uses for keys and signatures (`?key=`, `?sig=` of a signed URL)
+_QUERY_SECRET_WORDS = {"key", "sig", "code"}
 # Pieces of a secret that a library may quote on their own (requests parses `http://alice:Pa/ss@h` as host "alice"
 # and path "/ss@h"): every piece between '/', '#', '?', '@' or ':' at least this long is redacted too.
 _MIN_PIECE = 6
@@ -50,6 +61,28 @@ def _url_redacted(m: re.Match) -> str:
     return f"{m.group('scheme')}{user}:{REDACTED}@" if sep else f"{m.group('scheme')}{REDACTED}@"
 
 
+def _query_redacted(m: re.Match) -> str:
+    parts = []
+    for part in re.split(r"([&;])", m.group("query")):
+        name, eq, value = part.partition("=")
+        parts.append(part if part in ("&", ";", "") else f"{name}={REDACTED}" if eq and value
+                     else part if eq else REDACTED)
+    return m.group("head") + "".join(parts)
+
+
+def _query_secrets(text: str) -> set[str]:
+    """The values of the URL queries in ``text`` whose names say they are secrets (``api_key``, ``sig``): remembered
+    for text that quotes them alone (every query value is redacted inside its URL anyway)."""
+    out = set()
+    for m in _URL_QUERY.finditer(text):
+        for part in re.split(r"[&;]", m.group("query")):
+            name, _, value = part.partition("=")
+            words = set(re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_").split("_"))
+            if value and (_is_secret_key(name) or words & _QUERY_SECRET_WORDS):
+                out.add(value)
+    return out
+
+
 def _is_secret_key(key: str) -> bool:
     """``hf_token``, ``api-key``, ``DB_PASSWORD``, ``private_key``: yes; ``tokenizer``, ``max_tokens``: no."""
     k = re.sub(r"[^a-z0-9]+", "_", str(key).lower()).strip("_")
@@ -59,14 +92,15 @@ def _is_secret_key(key: str) -> bool:
 def _secret_values(tree: Any, out: set[str]) -> set[str]:
     if isinstance(tree, dict):
         for k, v in tree.items():
-            if _is_secret_key(k) and isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v):
-                out.add(str(v))
+            if _is_secret_key(k):  # whatever its type: a token given as a number, a list or a mapping
+                out |= _scalars([v])
             _secret_values(v, out)
     elif isinstance(tree, (list, tuple)):
         for v in tree:
             _secret_values(v, out)
     elif isinstance(tree, str):
         out.update(_url_secret(m) for m in _URL_CREDENTIALS.finditer(tree) if _url_secret(m))
+        out |= _query_secrets(_URL_CREDENTIALS.sub(_url_redacted, tree))
     return out
 
 
@@ -77,7 +111,7 @@ def _redact(tree: Any, secrets: list[str]) -> Any:
     if isinstance(tree, (list, tuple)):
         return [_redact(v, secrets) for v in tree]
     if isinstance(tree, str):
-        s = _URL_CREDENTIALS.sub(_url_redacted, tree)
+        s = _URL_QUERY.sub(_query_redacted, _URL_CREDENTIALS.sub(_url_redacted, tree))
         for secret in secrets:
             s = s.replace(secret, REDACTED)
         return s
@@ -168,14 +202,48 @@ def redact_value(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return redact([redact_value(v) for v in tree])
     if isinstance(tree, str):
-        return redact(_VALUE_USERINFO.sub(_url_redacted, tree))
+        return redact(_VALUE_QUERY.sub(_query_redacted, _VALUE_USERINFO.sub(_url_redacted, tree)))
     return tree
+
+
+def is_secret_path(path: Sequence[str], secret: Iterable[str] = ()) -> bool:
+    """Whether a value at ``path`` (its keys, ``("reward", "options", "served", "token")``) is a secret: a key on
+    the way is a secret word, or its last is one that a plugin's spec marks (``secret``)."""
+    return any(_is_secret_key(k) for k in path) or bool(path and path[-1] in set(secret))
+
+
+def _kind(value: Any) -> str:
+    kinds = {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list",
+             tuple: "a list", dict: "a mapping", type(None): "nothing"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def invalid_value(field: str, value: Any, problem: str, secret: Iterable[str] = ()) -> str:
+    """``"<field> = <value> is invalid: <problem>"``: the one way an error quotes a value a user gave (a params
+    field's input). The value is redacted as one value (:func:`redact_value`) and cut to 100 characters; a secret
+    field's (its path holds a secret word, or its name is one of ``secret``: a plugin's marks) is not quoted at all,
+    whatever its type (a token given as a number, a list, a mapping or a string too long), only its kind, and
+    ``problem`` loses every piece of it."""
+    secret = tuple(secret)
+    if is_secret_path(field.split("."), secret):
+        return f"{field} = {REDACTED} ({_kind(value)}) is invalid: {hide(problem, also=[value])}"
+    shown = repr(redact_value(value))
+    shown = shown if len(shown) <= 100 else f"{shown[:80]}… ({len(shown):,} characters)"
+    return f"{field} = {shown} is invalid: {problem}"
+
+
+def hide(text: str, tree: Any = None, also: Iterable[Any] = ()) -> str:
+    """``text`` (a sentence about ``tree``, e.g. params that failed validation) with every secret of ``tree`` (by
+    key, whatever its type, and in URLs) and every value of ``also`` ``***``, independent of what this process has
+    seen: params that never validated were never remembered."""
+    return _redact(text, _own_secrets(tree, also))
 
 
 def holds_secret(text: str, tree: Any = None, also: Iterable[Any] = ()) -> bool:
     """Whether ``text`` (one value, e.g. a name) holds a URL's credentials, a secret of ``tree`` (its params) or one
     of the values ``also`` (secrets by a plugin's mark)."""
-    if _VALUE_USERINFO.sub(_url_redacted, text) != text or _URL_CREDENTIALS.sub(_url_redacted, text) != text:
+    if (_VALUE_USERINFO.sub(_url_redacted, text) != text or _URL_CREDENTIALS.sub(_url_redacted, text) != text
+            or _VALUE_QUERY.sub(_query_redacted, text) != text):
         return True
     also = list(also)
     return any(secret in text for secret in _own_secrets(tree, also)) if tree is not None or also else False

@@ -86,7 +86,7 @@ class BackboneSpec:
     origin: str = ""  # the module or file that registered it (filled in by add())
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
-        return read_options(_reader("model.options", self), options, "model.options", repr(self.name))
+        return read_options(_reader("model.options", self), options, "model.options", repr(self.name), self.secret)
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class RewardSpec:
 
     def read_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         where = f"reward.options.{self.name}"
-        return read_options(_reader(where, self), options, where, repr(self.name))
+        return read_options(_reader(where, self), options, where, repr(self.name), self.secret)
 
     @property
     def table_value(self) -> tuple[str, float, str]:
