@@ -2,10 +2,10 @@
 ``state.json`` redacted, by key and by value.
 
 A key names a secret when one of its words is a secret word (``token``, ``password``, ``private_key``, ``auth``…);
-its value, and every other occurrence of that value in any string of the tree, becomes ``***``. Credentials inside
-URLs (``postgresql://admin:pw@host/db``) and the values of a URL's query (``https://h/score?api_key=***``: services take keys and
-signatures there, so every value of a query is treated as one) are redacted wherever they appear; a secret key's value is
-secret whatever its type (a number, a list, a mapping: every value in it). Lists and dicts inside lists are walked.
+its value, whatever its type (a number, a list, a mapping: every value in it), and every other occurrence of that
+value in any string of the tree, becomes ``***``. Credentials inside URLs (``postgresql://admin:pw@host/db``) and
+the values of a URL's query (``https://h/score?api_key=***``: services take keys and signatures there, so every value
+of a query is treated as one) are redacted wherever they appear. Lists and dicts inside lists are walked.
 An option that a plugin's spec marks secret (``secret=("seed_phrase",)``, a name the word list cannot know) is
 redacted by its path (:func:`mask`, what ``Params.redacted()`` applies) and its value wherever else it occurs.
 """
