@@ -10,11 +10,11 @@ where a parameter is exactly the redaction of it, so its trainers (0600 context 
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
 from jagg_core.setup.config import ParamsError
+from jagg_core.setup.json_read import parse_json
 from jagg_core.setup.redact import redact
 
 __all__ = ["ENV", "restore", "withhold"]
@@ -36,10 +36,7 @@ def _store(environ: dict | None) -> dict[str, Any]:
     raw = (os.environ if environ is None else environ).get(ENV)
     if not raw:
         return dict(_withheld)
-    try:
-        given = json.loads(raw)
-    except ValueError:
-        raise ParamsError(f"{ENV} must be a JSON mapping of dotted params to values; it is not JSON.") from None
+    given = parse_json(raw, ParamsError, ENV, fix="it must be a JSON mapping of dotted params to values")
     if not isinstance(given, dict):
         raise ParamsError(f"{ENV} must be a JSON mapping of dotted params to values; it holds a "
                           f"{type(given).__name__}.")

@@ -27,7 +27,8 @@ from typing import Iterator
 from jagg_core.errors import UserError
 from jagg_core.setup.config import Params, ParamsError
 from jagg_core.setup.paths import Layout
-from jagg_core.setup.storage import atomic_write_text, read_regular, read_text
+from jagg_core.setup.json_read import read_json
+from jagg_core.setup.storage import atomic_write_text
 
 __all__ = ["Interrupted", "clear_outcomes", "die_with_parent", "error_class", "launch", "outcome_file", "read_outcome",
            "user_error_class", "stop_on_signals", "local_context", "read_context",
@@ -113,7 +114,7 @@ def stop_on_signals() -> None:
 
 def read_context(path: str) -> tuple[Params, Layout, dict]:
     """A worker's side of :func:`write_context`: the launcher's params, the project layout and the rest."""
-    ctx = json.loads(read_text(path, UserError, limit=64 << 20))
+    ctx = read_json(path, UserError, limit=64 << 20)
     params = Params.model_validate_json(ctx["params"])
     return params, Layout.of(params, Path(ctx["root"])), ctx
 
@@ -218,8 +219,8 @@ def read_outcome(context: str | os.PathLike | None) -> dict | None:
     found = []
     for p in sorted(Path(context).parent.glob(glob.escape(Path(context).name) + ".outcome-*")):
         try:  # bounded and regular: a FIFO planted there blocked the launcher for good after the last iteration
-            record = json.loads(read_regular(p, _NoOutcome, limit=_MAX_OUTCOME))
-        except (_NoOutcome, ValueError):
+            record = read_json(p, _NoOutcome, limit=_MAX_OUTCOME)
+        except _NoOutcome:
             record = None
         finally:
             with contextlib.suppress(OSError):  # a folder planted there is no outcome either

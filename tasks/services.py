@@ -26,6 +26,7 @@ from .common import MLFLOW_UI_ENV, ROOT, ServiceError, cli, load
 from jagg_core.pipeline.tracking import resolve_uri
 from jagg_core.setup.names import is_name, name_rule
 from jagg_core.setup.redact import redact
+from jagg_core.setup.json_read import parse_json
 from jagg_core.setup.storage import atomic_write_text, open_append, read_regular
 from .launch import Interrupted
 
@@ -40,7 +41,6 @@ HEARTBEAT_S = 30
 CRASH_AFTER_S = 90
 AUTOMATION = "jagg: a flow run without heartbeats is crashed"
 WORKER_START_S = 120  # a worker's first heartbeat: its imports take ~10 s on a slow 2-core host
-WILDCARDS = ("0.0.0.0", "::", "")  # bind addresses meaning every interface, which no other machine can call
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name, or an IPv4 address
 
 
@@ -50,25 +50,74 @@ def advertised(host: str, advertise: str | None = None) -> str:
     0.0.0.0, the Prefect UI's pages called ``http://0.0.0.0:4200/api``, which a browser on another machine cannot
     reach, and the reports' MLflow links named 127.0.0.1.)"""
     if advertise is None:
-        return socket.gethostname() if host in WILDCARDS else host
-    if not _is_address(advertise):
+        return socket.gethostname() if _every_interface(host) else host
+    problem = _not_reachable(advertise)
+    if problem:
         shown = repr(advertise) if len(advertise) <= 80 else f"{advertise[:80]!r}…"
-        raise ServiceError(f"--advertise {shown} must be the host name or IP address other machines reach this one "
-                           f"by (such as head or 10.0.0.5: no scheme, port or path, and not an address that means "
-                           f"every interface).")
+        raise ServiceError(f"--advertise {shown} {problem}; give the host name or IP address other machines reach "
+                           f"this one by (such as head or 10.0.0.5: no scheme, port or path).")
     return advertise
 
 
-def _is_address(text: str) -> bool:
-    """``text`` is a host name or an IP address (an IPv6 one bracketed or not), and not one meaning every
-    interface."""
+# A DNS name's last label is never all digits (RFC 3696, 2): one that is, or a hex number, is an IPv4 address the
+# system's resolver reads in inet_aton's short, octal or hex forms (`127.1` is 127.0.0.1, `0x0` and `000.0.0.0` are
+# 0.0.0.0), which ipaddress refuses and other tools read otherwise
+_NUMERIC_LABEL = re.compile(r"(?:\d+|0[xX][0-9a-fA-F]*)")
+
+
+def _every_interface(host: str) -> bool:
+    """Whether the bind address ``host`` means every interface (``0.0.0.0``, ``::``, nothing, and the resolver's
+    other spellings of them: ``0``, ``0x0``, ``::ffff:0.0.0.0``), read by ``ipaddress``, not by its spelling."""
     import ipaddress
 
+    if not host.strip("[]"):
+        return True
     try:
-        ip = ipaddress.ip_address(text[1:-1] if text.startswith("[") and text.endswith("]") else text)
+        ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        return bool(_HOST_NAME.fullmatch(text)) and not text.startswith("[")
-    return not ip.is_unspecified and (ip.version == 6 or not text.startswith("["))
+        try:
+            return socket.inet_aton(host) == bytes(4)
+        except OSError:
+            return False
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_unspecified
+
+
+def _not_reachable(text: str) -> str | None:
+    """Why ``text`` is no address another machine reaches this one by, or None: parsed as an IP address by
+    ``ipaddress`` (an IPv6 one bracketed or not, an IPv4-mapped one as its IPv4 address), never by its spelling;
+    else a host name by the DNS rule, not one of the resolver's numeric forms, not ``localhost``."""
+    import ipaddress
+
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        ip = ipaddress.ip_address(bare)
+    except ValueError:
+        ip = None
+    if ip is None:
+        if "%" in bare:
+            return "is a scoped IPv6 address (its zone names an interface of this machine; no URL's host)"
+        if not _HOST_NAME.fullmatch(text):
+            return "is neither a host name nor an IP address"
+        if _NUMERIC_LABEL.fullmatch(text.rsplit(".", 1)[-1]):
+            try:
+                meant = f" ({socket.inet_ntoa(socket.inet_aton(text))} to the system's resolver)"
+            except OSError:
+                meant = ""
+            return f"is an IPv4 address in a short, octal or hex form{meant}, or no address at all"
+        if text.lower().rstrip(".") == "localhost" or text.lower().rstrip(".").endswith(".localhost"):
+            return "names this machine on every machine (loopback)"
+        return None
+    if text.startswith("[") and ip.version == 4:
+        return "is an IPv4 address in brackets"
+    ip = getattr(ip, "ipv4_mapped", None) or ip  # ::ffff:0.0.0.0 is 0.0.0.0
+    for bad, why in ((ip.is_unspecified, "means every interface, which no other machine can call"),
+                     (ip.is_loopback, "is this machine on every machine (loopback)"),
+                     (ip.is_link_local, "is link-local (reached only on one link, and as a URL's host only with "
+                                        "its interface)"),
+                     (ip.is_multicast, "is a multicast address")):
+        if bad:
+            return why
+    return None
 
 
 def _in_url(host: str) -> str:
@@ -82,7 +131,7 @@ def addresses(host: str, prefect_port: int, mlflow_port: int | None, advertise: 
     interface); ``prefect_api``, ``prefect_ui`` and ``mlflow_ui``, the advertised ones other machines call and a
     browser opens."""
     public = _in_url(advertised(host, advertise))
-    local = ("[::1]" if host == "::" else "127.0.0.1") if host in WILDCARDS else _in_url(host)
+    local = ("[::1]" if ":" in host else "127.0.0.1") if _every_interface(host) else _in_url(host)
     urls = {"local_api": f"http://{local}:{prefect_port}/api", "prefect_api": f"http://{public}:{prefect_port}/api",
             "prefect_ui": f"http://{public}:{prefect_port}"}
     if mlflow_port:
@@ -288,9 +337,9 @@ def _load(f: Path | None = None) -> dict[str, Any]:
     if not f.exists():
         return {}
     try:
-        data = json.loads(read_regular(f, ServiceError, limit=1 << 20, fix=f"remove it (rm {f}); it lists the "
-                                       f"services jagg started, which `ps` shows too"))
-    except ValueError:
+        data = parse_json(read_regular(f, ServiceError, limit=1 << 20, fix=f"remove it (rm {f}); it lists the "
+                                       f"services jagg started, which `ps` shows too"), ValueError, str(f))
+    except ValueError:  # not JSON, not finite, too deep: lists nothing
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -255,6 +255,30 @@ def test_bound_to_every_interface_up_advertises_an_address_other_machines_reach(
     assert spawns == {} and not (state / "pids.json").exists()
 
 
+@pytest.mark.parametrize("bad, why", [
+    ("0", "short, octal or hex form (0.0.0.0"), ("0.0", "(0.0.0.0"), ("0x0", "(0.0.0.0"),
+    ("000.0.0.0", "(0.0.0.0"), ("127.1", "(127.0.0.1"), ("::ffff:0.0.0.0", "every interface"),
+    ("[::ffff:0.0.0.0]", "every interface"), ("localhost", "loopback"), ("127.0.0.1", "loopback"),
+    ("::1", "loopback"), ("fe80::1%eth0", "link-local"), ("fe80::1", "link-local"), ("eth0%x", "scoped"),
+    ("[10.0.0.5]", "in brackets"), ("224.0.0.1", "multicast"),
+])
+def test_advertise_is_parsed_as_an_address_not_by_its_spelling(state, up_parts, capsys, bad, why):
+    """Before: `--advertise` took 0, 0.0, 0x0, 000.0.0.0 (every interface to the system's resolver), ::ffff:0.0.0.0,
+    127.1, localhost and fe80::1%eth0 (an invalid URL: `http://[fe80::1%eth0]:4200`). After: `ipaddress` reads it
+    (an IPv4-mapped address as its IPv4 one), a name's numeric last label is the resolver's IPv4 form, and an
+    address no other machine reaches (every interface, loopback, `localhost`, link-local, multicast) is one sentence,
+    nothing started. `localhost` is refused: it is this machine on every machine."""
+    spawns, _ = up_parts
+    assert services.main(["up", "--host", "0.0.0.0", "--advertise", bad]) == 1
+    said = _error(capsys)
+    assert said.startswith(f"jagg: error: --advertise {bad!r} ") and why in said and "no scheme, port or path" in said
+    assert spawns == {} and not (state / "pids.json").exists()
+    for good in ("head", "gpu-1.lab", "10.0.0.5", "2001:db8::1", "[2001:db8::1]"):
+        assert services.advertised("0.0.0.0", good) == good
+    for wildcard in ("0", "0x0", "::ffff:0.0.0.0", "0.0.0.0", "::"):  # --host: every interface by ipaddress too
+        assert services.advertised(wildcard) == "head-1"
+
+
 @pytest.mark.slow  # a real `prefect server start` (~10-20 s on a 2-core host)
 def test_the_prefect_ui_of_a_server_bound_to_every_interface_calls_the_advertised_api(state, up_parts):
     """The real Prefect server `jagg services up --host 0.0.0.0` starts on host head-1 (its pool, deployments, worker

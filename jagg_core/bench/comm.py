@@ -21,7 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from ..setup.storage import atomic_write_text, read_text
+from ..setup.json_read import read_json
+from ..setup.storage import atomic_write_text
 
 import torch
 import torch.distributed as dist
@@ -161,4 +162,4 @@ def measure_comm(spec: ModelSpec, *, windows: list[int], steps: int, batch: int,
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # inherited by the spawned processes
     with tempfile.TemporaryDirectory(prefix="jagg-bench-comm-") as folder:
         mp.spawn(_worker, args=(job, folder), nprocs=2, join=True)
-        return json.loads(read_text(Path(folder) / "comm.json", BenchError))
+        return read_json(Path(folder) / "comm.json", BenchError)

@@ -18,7 +18,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..setup.storage import FolderLock, atomic_write_text, read_regular
+from ..setup.json_read import read_json
+from ..setup.storage import FolderLock, atomic_write_text
 from .models import BenchError
 
 __all__ = ["RoundStore", "discard_rounds", "settings_difference", "SETTINGS_FILE"]
@@ -112,8 +113,8 @@ class RoundStore:
 
     def _read(self, path: Path) -> Any:
         try:
-            return json.loads(read_regular(path, BenchError, limit=64 << 20).decode("utf-8"))
-        except (BenchError, ValueError):  # not there, not a file, not UTF-8 or not JSON: as if not kept
+            return read_json(path, BenchError, limit=64 << 20)
+        except BenchError:  # not there, not a file, not UTF-8, not JSON, not finite or too deep: as if not kept
             return None
 
     def _drop(self, files: Sequence[Path]) -> None:

@@ -12,6 +12,7 @@ from jagg_core.pipeline.smoke_docs import _smoke_block, replace_smoke_block, smo
 from jagg_core.bench.models import BenchError
 from jagg_core.pipeline.report import breakdown_rows
 from jagg_core.pipeline.report_figures import plot_stacked_bars
+from jagg_core.setup.json_read import read_json
 from jagg_core.setup.storage import atomic_write_text, copy_file, read_regular
 
 __all__ = ["read_main_job", "render_markdown", "write_markdown"]
@@ -375,7 +376,7 @@ def read_main_job(report_dir: str | Path) -> dict:
     path = Path(report_dir) / "summary.json"
     fix = "run `jagg run` (or `make run`) first, or leave --main-job out"
     try:
-        summary = json.loads(read_regular(path, BenchError, limit=64 << 20, fix=fix).decode("utf-8"))
+        summary = read_json(path, BenchError, limit=64 << 20, fix=fix)
         _Summary.model_validate(summary)
     except (ValueError, ValidationError) as e:  # not UTF-8, not JSON, not a report's summary
         if isinstance(e, BenchError):

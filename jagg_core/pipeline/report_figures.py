@@ -9,7 +9,6 @@ function, so importing this module does not.
 from __future__ import annotations
 
 import io
-import json
 import statistics
 from pathlib import Path
 from typing import Any, Sequence
@@ -18,6 +17,7 @@ from ..evaluation.clip_layout import strip_path, strips_grid
 from ..setup.config import Params
 from ..setup.paths import Layout
 from ..setup.registry import backbone_spec
+from ..setup.json_read import parse_json
 from ..setup.storage import atomic_write_bytes, read_regular
 from ..evaluation.benchmark import image_path, load_image
 from ..media import image_grid
@@ -223,8 +223,8 @@ def _images_of(card: Path) -> str:
     again = f"run `jagg evaluate --run {card.parent.name}` again to rewrite it"
     data = read_regular(card, ReportError, fix=again)
     try:
-        images = json.loads(data.decode("utf-8")).get("images")
-    except (ValueError, AttributeError):  # not UTF-8, not JSON, not a mapping
+        images = parse_json(data, ValueError, str(card)).get("images")
+    except (ValueError, AttributeError):  # not UTF-8, not JSON, not finite, too deep, not a mapping
         images = None
     if not isinstance(images, str) or images.startswith("/") or ".." in Path(images).parts:
         raise ReportError(f"{card} does not name its images folder inside the project; {again}.")

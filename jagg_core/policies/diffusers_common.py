@@ -7,11 +7,10 @@ unknown option) becomes one :class:`PolicyError` sentence saying what is missing
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..setup.storage import read_text
+from ..setup.json_read import read_json
 from .base import PolicyError
 from .lora import DEFAULT_TARGET_MODULES, apply_lora
 
@@ -217,14 +216,10 @@ def read_config(folder: Path, name: str) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> Any:
-    """A model folder's JSON file, bounded and regular (:func:`read_text`), or one :class:`PolicyError` sentence."""
-    fix = "download the model again or point model.path at a whole model folder"
-    try:
-        return json.loads(read_text(path, PolicyError, limit=64 << 20, fix=fix))
-    except PolicyError:
-        raise
-    except ValueError as e:
-        raise PolicyError(f"{path} is not JSON ({e}); {fix}.") from None
+    """A model folder's JSON file, bounded, regular, finite and shallow (:func:`read_json`), or one
+    :class:`PolicyError` sentence."""
+    return read_json(path, PolicyError, limit=64 << 20,
+                     fix="download the model again or point model.path at a whole model folder")
 
 
 def check_image_size(height: int, width: int, multiple: int) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..setup.options import LORA, Scale
-from ..setup.storage import atomic_write_text, read_text
+from ..setup.json_read import read_json
+from ..setup.storage import atomic_write_text
 from .base import Policy, PolicyError, PromptEmbeds, no_grad, register_backbone
 from .lora import apply_lora
 
@@ -269,12 +270,7 @@ def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype,
 
     folder = check_toy_flux_dir(path)
     # bounded and regular (a FIFO there hung `jagg evaluate`); a damaged file is one sentence
-    try:
-        geometry = json.loads(read_text(folder / "toy_flux.json", PolicyError, limit=1 << 20, fix=_REBUILD))
-    except PolicyError:
-        raise
-    except ValueError as e:  # not JSON
-        raise PolicyError(f"{folder / 'toy_flux.json'} is not JSON ({e}); {_REBUILD}.") from None
+    geometry = read_json(folder / "toy_flux.json", PolicyError, limit=1 << 20, fix=_REBUILD)
     if not isinstance(geometry, dict):
         raise PolicyError(f"{folder / 'toy_flux.json'} is not a JSON object; {_REBUILD}.")
     unknown = set(options) - {"lora", "guidance_scale"}

@@ -16,7 +16,8 @@ from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from ..setup.storage import atomic_write_text, read_text, write_prompts_jsonl
+from ..setup.json_read import read_json
+from ..setup.storage import atomic_write_text, write_prompts_jsonl
 from .sample import sample_prompt
 from .scene import FAMILIES
 
@@ -140,9 +141,6 @@ def read_benchmark(folder: str | Path, styles: Sequence[str] | None = None) -> d
         path = folder / f"{validate_style(style)}.json"
         if not path.is_file():
             raise ValueError(f"benchmark style {style!r} has no file {str(path)!r}.")
-        try:
-            prompts = json.loads(read_text(path, ValueError, fix="fix or regenerate the benchmark folder"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"benchmark file {str(path)!r} is not valid JSON ({e}).") from None
+        prompts = read_json(path, ValueError, fix="fix or regenerate the benchmark folder")
         out[style] = _validate_prompts(prompts, f"benchmark file {str(path)!r}")
     return out
