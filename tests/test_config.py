@@ -537,9 +537,10 @@ def test_c6_bools_and_quoted_counts_are_refused_inside_lists_and_dicts(overrides
 
 
 def test_c6_valid_values_inside_lists_and_dicts_still_read():
-    """What was valid stays valid: numeric strings for numbers (YAML 1.1 reads 3e-4 as one), ints for numbers."""
+    """What was valid stays valid: YAML 1.1's exponents that it reads as strings (3e-4) for numbers, ints for
+    numbers (a quoted "0.99" no longer: issue 71, one strictness)."""
     p = load_params(PARAMS, "ci", {"run.seeds": [0, 7], "reward.weights": {"toy_fidelity": 1, "toy_preference": "5e-1"},
-                                   "train.adam_betas": [0.9, "0.99"], "sample.sde_window_range": [0, 1],
+                                   "train.adam_betas": [0.9, "99e-2"], "sample.sde_window_range": [0, 1],
                                    "model.options.lora": {"rank": 4, "alpha": 8}, "tracking.retries": 20})
     assert p.run.seeds == [0, 7] and p.reward.weights == {"toy_fidelity": 1.0, "toy_preference": 0.5}
     assert p.train.adam_betas == (0.9, 0.99) and p.model.options["lora"]["rank"] == 4
@@ -586,3 +587,67 @@ def test_m6_a_key_path_1200_deep_is_one_sentence(tmp_path):
         load_params(PARAMS, "ci", {deep: 1})
     out = run_module("tasks.plan", "--profile", "ci", "--params", str(PARAMS), "--set", f"{deep}=1", root=tmp_path)
     assert out.returncode == 1 and _one_sentence(out.stderr).startswith("jagg: error: override a.a."), out.stderr
+
+
+# --- one strictness for every typed field (jagg_core/setup/options.py:coercion_problem) ------------------------------
+
+
+def _typed_models():
+    """Every params section (walked from Params) and every registered plugin's option reader."""
+    from pydantic import BaseModel
+
+    from jagg_core.setup import registry
+    from jagg_core.setup.config import Params
+    from jagg_core.setup.options import Section
+
+    load_params(PARAMS, "ci")  # the plugins loaded
+    seen, todo = {}, [Params]
+    while todo:
+        model = todo.pop()
+        if model.__name__ in seen:
+            continue
+        seen[model.__name__] = model
+        for field in model.model_fields.values():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                todo.append(field.annotation)
+    for kind, names in (("backbone", registry.backbone_names()), ("reward", registry.reward_names())):
+        for name in names:
+            spec = registry.backbone_spec(name) if kind == "backbone" else registry.reward_spec(name)
+            seen[f"{kind} {name}"] = registry._reader(f"{kind}-options", spec)
+    assert all(issubclass(m, Section) for m in seen.values())
+    return seen
+
+
+def test_every_flag_count_and_number_of_every_section_and_plugin_is_read_with_one_strictness():
+    """`reward.options.served.max_in_flight: "8"` was refused while `timeout_s: "60"`, `overlap: "no"`, `overlap: 1`
+    and `max_in_flight: 8.0` were read (pydantic's lax mode). Now every field of every section and every plugin's
+    options is held to one rule: a flag takes true/false only, a count a whole number as written, a number no quoted
+    string (but YAML 1.1's 3e-4, which it reads as a string)."""
+    from types import UnionType
+    from typing import Annotated, Union, get_args, get_origin
+
+    from pydantic import ValidationError
+
+    def _scalar_types(annotation) -> set:  # Annotated and Optional unwrapped
+        if get_origin(annotation) is Annotated:
+            return _scalar_types(get_args(annotation)[0])
+        if get_origin(annotation) in (Union, UnionType):
+            return set().union(*(_scalar_types(a) for a in get_args(annotation)))
+        return {annotation}
+
+    wrong = {frozenset({bool}): ["no", 1, 0.0], frozenset({int}): ["8", 8.0, True], frozenset({float}): ["60", True]}
+    checked = 0
+    for where, model in _typed_models().items():
+        for name, field in model.model_fields.items():
+            types = frozenset(_scalar_types(field.annotation) - {type(None)})
+            for value in wrong.get(types, []):
+                with pytest.raises(ValidationError, match=f"{name} = {value!r} must be"):
+                    model.model_validate({name: value})
+                checked += 1
+    assert checked > 250, checked  # every section's and plugin's flags (131 fields), counts and numbers
+    for value, options in (("6e1", {"timeout_s": 60.0}), (60, {"timeout_s": 60.0})):
+        assert load_params(PARAMS, "ci", {"reward.options.served.timeout_s": value}).reward.options["served"] == options
+    for key, value in (("timeout_s", "60"), ("overlap", "no"), ("overlap", 1), ("max_in_flight", 8.0),
+                       ("max_in_flight", "8")):
+        with pytest.raises(ParamsError, match=rf"reward\.options\.served\.{key} = {value!r} must be"):
+            load_params(PARAMS, "ci", {f"reward.options.served.{key}": value})

@@ -103,10 +103,10 @@ def sentence(overrides: dict) -> str:
 
 def test_example_reward_and_backbone_load_by_path_and_their_options_are_typed(at):
     params = load_params("params.yaml", "ci", {**EXAMPLE, "model.options": {"height": 32, "width": 32,
-                                                                            "guidance_scale": "2.5"},
-                                               "reward.options": {"colorfulness": {"scale": "50"}}})
+                                                                            "guidance_scale": "25e-1"},
+                                               "reward.options": {"colorfulness": {"scale": 50}}})
     assert params.model.backbone == "tiny-sana" and not params.is_toy
-    assert params.model.options["guidance_scale"] == 2.5  # a numeric string read as the number it says
+    assert params.model.options["guidance_scale"] == 2.5  # YAML 1.1's exponent (a string to it) read as its number
     assert params.reward.options == {"colorfulness": {"scale": 50.0}}
     assert registry.backbone_spec("tiny-sana").origin == str(at / "plugins/tiny_sana.py")
     assert registry.reward_spec("colorfulness").origin == str(at / "plugins/colorfulness.py")

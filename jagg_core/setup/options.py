@@ -2,37 +2,78 @@
 
 A backbone's ``model.options`` and a reward's ``reward.options.<name>`` are free-form mappings in params.yaml; each
 plugin declares what its options take as a schema ``{option: (type, default)}`` (:mod:`jagg_core.setup.registry`),
-read here with the same strictness as the sections: true/false is never a number, ``"5"`` never a count, no NaN or
+read here with the same strictness as the sections (:func:`coercion_problem`, one rule for every field): true/false is
+never a number, ``"5"`` or ``5.0`` never a count, ``"no"`` or ``1`` never a flag, ``"60"`` never a number, no NaN or
 inf. The types below are the ones the built-in plugins use; a plugin of your own may use them or any pydantic type.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Mapping, Union, get_args
+from types import UnionType
+from typing import Annotated, Any, Mapping, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model, model_validator
 
 from .redact import hide, invalid_value, is_secret_path
 
-__all__ = ["Count", "Number", "OptionSchema", "Size", "Tokens", "Scale", "Shift", "Share", "RGB", "Frames", "LORA",
-           "DIFFUSERS_COMMON", "HF_SCORER", "TAU_OPTIONS", "option_reader", "read_options"]
+__all__ = ["coercion_problem", "Count", "Number", "OptionSchema", "Size", "Tokens", "Scale", "Shift", "Share", "RGB",
+           "Frames", "LORA", "DIFFUSERS_COMMON", "HF_SCORER", "TAU_OPTIONS", "option_reader", "read_options"]
 
 OptionSchema = Mapping[str, tuple[Any, Any]]  # option -> (type, default)
 
 
-def _not_bool(v: Any) -> Any:
-    if isinstance(v, bool):
-        raise ValueError(f"{v!r} must be a number, not true/false")
+def _a_number(v: Any) -> Any:
+    problem = coercion_problem(v, {float})
+    if problem:
+        raise ValueError(f"{v!r} {problem}")
     return v
 
 
 # Typed all the way down: what a list or a dict holds is read as strictly as a top-level field (round 4's
 # `Section._no_silent_coercion` sees top-level values only). A count is pydantic's strict int: a whole number as
-# written, never true/false, "3" or 3.0. A number is a float that is never true/false (a numeric string still reads,
-# as YAML 1.1 reads 3e-4 as one).
+# written, never true/false, "3" or 3.0. A number is a float that is never true/false or a quoted string (but YAML
+# 1.1's 3e-4, which it reads as a string): :func:`coercion_problem`, the one rule.
 Count = Annotated[int, Strict()]
-Number = Annotated[float, BeforeValidator(_not_bool)]
+Number = Annotated[float, BeforeValidator(_a_number)]
+
+
+def _scalar_types(annotation: Any) -> set[Any]:
+    """The scalar types a field takes: ``Annotated`` and ``Optional`` / ``Union`` unwrapped (``Union[Annotated[float,
+    ...], None]`` is {float, NoneType})."""
+    if get_origin(annotation) is Annotated:
+        return _scalar_types(get_args(annotation)[0])
+    if get_origin(annotation) in (Union, UnionType):
+        return set().union(*(_scalar_types(a) for a in get_args(annotation)))
+    return {annotation}
+
+
+# What PyYAML (YAML 1.1) leaves a string although it is a number: an exponent without a dot (`3e-4`, `1E5`). A float
+# field takes it; any other string (`"60"`, quoted) is the user's string, not a number.
+_YAML11_NUMBER = re.compile(r"[+-]?\d+[eE][+-]?\d+")
+
+
+def coercion_problem(value: Any, types: set[Any]) -> str | None:
+    """Why ``value`` may not go into a field of ``types`` (from :func:`_scalar_types`) although pydantic would quietly
+    convert it, or None: one strictness for every section and option. true/false is a flag only (never a number),
+    a flag is true/false only (never ``"no"`` or ``1``), a count a whole number as written (never ``"8"`` or
+    ``8.0``), a number never a quoted string (but YAML 1.1's ``3e-4``)."""
+    if types & {Any, str} or value is None:
+        return None
+    if isinstance(value, bool):
+        return None if bool in types else "must be a number, not true/false" if types & {int, float} else None
+    if bool in types and not types & {int, float} and isinstance(value, (int, float, str)):
+        return "must be true or false (unquoted)"
+    if isinstance(value, str) and types & {int, float}:
+        if float in types and _YAML11_NUMBER.fullmatch(value.strip()):
+            return None
+        if re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*", value):
+            return "must be a number, not a quoted string" if float in types else \
+                "must be a whole number, not a string"
+        return None
+    if isinstance(value, float) and int in types and float not in types:
+        return "must be a whole number (without a decimal point)"
+    return None
 
 
 class Section(BaseModel):
@@ -43,9 +84,10 @@ class Section(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_silent_coercion(cls, data: Any) -> Any:
-        """true/false is not a number and "5" is not a count: refuse what pydantic would quietly convert.
+        """true/false is not a number, "5" or 5.0 not a count, "no" or 1 not a flag, "60" not a number: refuse what
+        pydantic would quietly convert (:func:`coercion_problem`), in every section and every plugin's options.
 
-        A float field still takes a numeric string, because YAML 1.1 reads ``3e-4`` (no dot) as one.
+        A float field still takes an exponent that YAML 1.1 reads as a string (``3e-4``, no dot).
         """
         if not isinstance(data, dict):
             return data
@@ -53,12 +95,9 @@ class Section(BaseModel):
             field = cls.model_fields.get(name)
             if field is None:
                 continue
-            types = set(get_args(field.annotation) or (field.annotation,))
-            if isinstance(value, bool) and types & {int, float} and bool not in types:
-                raise ValueError(f"{name} = {value!r} must be a number, not true/false")
-            if (isinstance(value, str) and int in types and float not in types and str not in types
-                    and re.fullmatch(r"\s*[+-]?\d+\s*", value)):
-                raise ValueError(f"{name} = {value!r} must be a whole number, not a quoted string")
+            problem = coercion_problem(value, _scalar_types(field.annotation))
+            if problem:
+                raise ValueError(f"{name} = {value!r} {problem}")
         return data
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -76,7 +77,8 @@ def _describe(exc: ValidationError, source: str, tree: Mapping[str, Any]) -> str
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "value_error" and isinstance(err.get("input"), Mapping):  # a whole-section check
         named = loc and not msg.startswith(loc)  # a typed option's sentence names its dotted path itself
-        return f"{source}: {loc + ': ' if named else ''}{msg}{more}."
+        field = re.match(r"[\w-]+ = ", msg)  # a section's check naming its field: the dotted path, as elsewhere
+        return f"{source}: {(loc + ('.' if field else ': ')) if named else ''}{msg}{more}."
     if "input" in err and err["type"] != "missing":
         # the value as typed, less a URL's credentials (a password with a space is no URL the free-text redaction,
         # which ends at a space, recognises, but this input is one value); a secret field's not at all
