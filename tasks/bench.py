@@ -28,7 +28,7 @@ from jagg_core.setup.config import Params
 from jagg_core.pipeline.bench_docs import read_main_job, write_markdown
 from .common import DEFAULT_SWEEP, ROOT, add_common_args, add_sweep_arg, cli, load, parse_overrides, stage_logger
 from jagg_core.pipeline.tracking import Tracker
-from jagg_core.setup.paths import inside
+from jagg_core.setup.paths import held, inside
 
 __all__ = ["bench", "main", "parse_list"]
 
@@ -109,6 +109,8 @@ def bench(params: Params, cfg: BenchConfig, *, models: Sequence[str] = ("toy",),
     device = str(pick_device(params))
     specs = ([profile_spec(params, device=device, params_path=params_path or root / "params.yaml", root=root)]
              if profile else [model_spec(m, params, device=device) for m in models])
+    for spec in specs:  # each model's rounds folder held inside the project (paths.held), before the work
+        held(out_dir / "rounds" / spec.name)
     tracker = _tracker(params, root) if mlflow else None  # a store that cannot be opened fails before the work
     results, paths = [], []
     for spec in specs:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 from jagg_core.setup.config import ParamsError
 from jagg_core.setup.params_io import load_params, parse_yaml
 from jagg_core.setup.redact import holds_secret, redact_own
-from jagg_core.setup.storage import atomic_write_text, read_text
+from jagg_core.setup.storage import atomic_write_text, move, read_text
 
 from .common import ROOT, cli
 
@@ -384,7 +383,7 @@ def _move(root: Path, src: Path, dest: Path) -> None:
         raise ParamsError(f"both {src} and {dest} exist, the records of one pipeline: keep the one you want at "
                           f"{dest}, remove the other, and run `python -m tasks.dvc_pipelines` again.")
     (root / dest).parent.mkdir(parents=True, exist_ok=True)
-    os.replace(root / src, root / dest)
+    move(root / src, root / dest)
     print(f"moved {src} to {dest}")
 
 

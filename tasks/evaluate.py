@@ -34,6 +34,7 @@ def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEE
     from jagg_core.rewards import check_rewards
 
     log = stage_logger("evaluate")
+    lay.eval_dir(run)  # held inside the project (paths.held): a link there leading out is refused before any work
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
     test_prompts(params, lay)  # and the test set is readable, before an MLflow run is opened
     method, seed = (None, None) if run == "base" else parse_run_name(run)

@@ -17,7 +17,8 @@ from pathlib import Path
 from jagg_core.setup.config import Params
 from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
-from jagg_core.setup.storage import atomic_write_text, file_sha256, read_regular, read_text, replace_dir, temp_dir
+from jagg_core.setup.storage import (atomic_write_text, copy_tree, file_sha256, read_regular, read_text, replace_dir,
+                                     temp_dir)
 
 from .common import add_common_args, cli, layout, load, parse_overrides, stage_logger
 
@@ -102,7 +103,7 @@ def install_shipped_base(dest: Path, source: Path = SHIPPED_BASE) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(dest.parent, f".tmp-{dest.name}-")
     try:
-        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        copy_tree(source, tmp, UserError)
         verify_sums(tmp)
         replace_dir(tmp, dest)
     except BaseException:

@@ -188,6 +188,8 @@ def train_run(params: Params, lay: Layout, method: str, seed: int, *, sweep: str
     from jagg_core.rewards import check_rewards
 
     log = stage_logger("train")
+    lay.checkpoints(run_name(method, seed))  # its folders held inside the project (paths.held): a link leading out
+    lay.run_dir(run_name(method, seed))  # is refused before any work
     check_rewards(params.reward.weights, params.reward.options, params.eval.metrics)  # before any model loads
     check_train_prompts(params, lay)
     check_model_files(params, lay)  # the weights' files, before any worker starts

@@ -199,15 +199,13 @@ def test_disk_full_while_checkpointing_keeps_the_previous_checkpoint(ci_project,
 
 @pytest.mark.slow
 def test_a_real_full_filesystem(ci_project, tmp_path):
-    """A 1 MiB tmpfs as the checkpoint folder (needs root to mount; skipped elsewhere)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
+    """A 1 MiB tmpfs mounted as the checkpoint folder (needs root to mount; skipped elsewhere). Mounted there, not
+    linked from there: a link leading out of the project is refused (paths.held)."""
+    mnt = _ckpts(ci_project)
+    mnt.mkdir(parents=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
         pytest.skip("cannot mount a size-limited tmpfs here (not root); the injected ENOSPC test covers the logic")
     try:
-        target = _ckpts(ci_project)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(mnt)
         params = ci(ci_project, **{"train.iterations": 1})
         with pytest.raises(CheckpointError, match="No space left on device"):
             train(params, "jagg", 0, root=ci_project, progress=False)

@@ -228,3 +228,106 @@ def test_pool_unit_shared_token_file_is_a_file_inside_the_project(tmp_path, give
     shared = {"file": given, "token": "t" * 32, "root": str(root), "host": "h"}
     with pytest.raises(UserError, match=r"the unit's sweep token file .*(leads outside the project|not a regular)"):
         within(10, lambda: check_shared(params, root, "s", shared))
+
+
+# --- issue 71, item 1: images, weights and archives at the door ----------------------------------------------------
+
+def _png_declaring(width: int, height: int) -> bytes:
+    """A PNG of a header and nothing else (45 bytes): what a decompression bomb declares before a pixel is read."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)) + \
+        chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("plant, says", [
+    ("fifo", "is not a regular file"),  # `jagg report` hung on it
+    ("bomb", "declares more pixels than PIL decodes"),  # 30000 x 30000: a DecompressionBombError traceback
+    ("large", r"declares 9000 x 9000 pixels, more than the 67,108,864 pixels an image may have"),
+    ("dev-zero", "is a symbolic link, which jagg does not read through"),  # a ValueError traceback
+    ("outside", "is a symbolic link, which jagg does not read through"),  # scored as the model's own, rc 0
+    ("linked-folder", "is a symbolic link leading outside the project"),
+    ("not-an-image", "is not a readable image"),
+])
+def test_an_evaluation_image_is_read_through_the_door(plant, says, tmp_path):
+    """Every reader of an evaluation's images (the report's grids and evaluation's scoring: `load_image`; evaluation's
+    score cache: `image_digests`) reads through storage.open_image / open_regular: one sentence, never a
+    hang, a traceback, or a file outside the project scored as the model's own."""
+    from PIL import Image
+
+    from jagg_core.evaluation.benchmark import ImageFileError, image_path, load_image
+    from jagg_core.evaluation.score_cache import image_digests
+    from jagg_core.setup.paths import Layout, PathRuleError
+
+    images = Layout(tmp_path / "project", "ci").eval_dir("base") / "step-000000" / "images"
+    path = image_path(images, "anime", 0)
+    path.parent.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Image.new("RGB", (8, 8)).save(elsewhere / "00000.jpg")
+    if plant == "fifo":
+        os.mkfifo(path)
+    elif plant == "bomb":
+        path.write_bytes(_png_declaring(30000, 30000))
+    elif plant == "large":
+        path.write_bytes(_png_declaring(9000, 9000))
+    elif plant == "dev-zero":
+        os.symlink("/dev/zero", path)
+    elif plant == "outside":
+        os.symlink(elsewhere / "00000.jpg", path)
+    elif plant == "linked-folder":
+        path.parent.rmdir()
+        os.symlink(elsewhere, path.parent)
+    else:
+        path.write_bytes(b"GIF89a not really")
+    readers = [lambda: load_image(path)]
+    if plant not in ("bomb", "large", "not-an-image"):  # the score cache hashes an image's bytes, never decodes them
+        readers.append(lambda: image_digests(images, {"anime": ["a cat"]}, None))
+    for read in readers:
+        with pytest.raises((ImageFileError, PathRuleError), match=says) as e:
+            within(10, read)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 600
+
+
+def test_a_checkpoints_optimizer_state_and_a_scorers_weights_are_read_through_the_door(tmp_path):
+    """`torch.load(path)` of a checkpoint's optimizer.pt and of a CLIP scorer's weights blocked on a FIFO and read a
+    link to /dev/zero until memory ran out: now storage.open_regular hands torch.load the open file, one sentence."""
+    from jagg_core.rewards.base import RewardError
+    from jagg_core.rewards.clip_models import _read_state_dict
+    from jagg_core.trainer.checkpoint import Checkpoint, CheckpointError
+
+    ckpt = tmp_path / "checkpoint-000001"
+    ckpt.mkdir()
+    os.mkfifo(ckpt / "optimizer.pt")
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt is not a regular file .*move checkpoint 1 aside"):
+        within(10, lambda: Checkpoint(ckpt, 1).optimizer_state())
+    os.mkfifo(tmp_path / "open_clip.bin")
+    with pytest.raises(RewardError, match=r"open_clip\.bin is not a regular file"):
+        within(10, lambda: _read_state_dict(tmp_path / "open_clip.bin"))
+    os.symlink("/dev/zero", tmp_path / "zero.bin")
+    with pytest.raises(RewardError, match=r"zero\.bin is not a regular file"):
+        within(10, lambda: _read_state_dict(tmp_path / "zero.bin"))
+
+
+def test_the_shipped_base_model_is_copied_through_the_door(tmp_path):
+    """`shutil.copytree` of the shipped base model blocked on a FIFO in it; storage.copy_tree refuses it, a link in it
+    too, and copies a regular folder whole."""
+    from jagg_core.errors import UserError
+    from jagg_core.setup.storage import copy_tree
+
+    src = tmp_path / "src"
+    (src / "transformer").mkdir(parents=True)
+    (src / "transformer" / "config.json").write_text("{}")
+    copy_tree(src, tmp_path / "copy", UserError)
+    assert (tmp_path / "copy" / "transformer" / "config.json").read_text() == "{}"
+    os.mkfifo(src / "transformer" / "weights.safetensors")
+    with pytest.raises(UserError, match="is not a regular file"):
+        within(10, lambda: copy_tree(src, tmp_path / "copy2", UserError))
+    (src / "transformer" / "weights.safetensors").unlink()
+    os.symlink("/dev/zero", src / "transformer" / "weights.safetensors")
+    with pytest.raises(UserError, match="is a symbolic link, which jagg does not read through"):
+        copy_tree(src, tmp_path / "copy3", UserError)

@@ -148,3 +148,73 @@ def test_c3_a_profile_override_cannot_write_into_another_profiles_folders(stage,
     assert out.returncode == 1, out.stderr[-2000:]
     assert "would write profile 'ci'" in _one_sentence(out.stderr.removeprefix("jagg: error: "))
     assert sorted(p.name for p in root.iterdir()) == ["params.yaml"]
+
+
+# --- no folder a stage writes into leads out of the project (issue 71, item 2) -------------------------------------
+
+# (stage and its arguments, the link planted, relative to the project): each output root every stage writes, at each
+# depth a stage names it (the profile's or outputs' folder, a run's, a bench model's rounds)
+_CI = ["--profile", "ci", "--set", "outputs=ci-lnk"]
+OUTPUT_ROOTS = [
+    (["tasks.prepare", "--profile", "ci"], "data/ci/prompts"),
+    (["tasks.pretrain", "--profile", "ci"], "models/ci/base"),
+    (["tasks.train", *_CI, "--method", "jagg", "--seed", "0"], "checkpoints/ci-lnk"),
+    (["tasks.train", *_CI, "--method", "jagg", "--seed", "0"], "runs/ci-lnk"),
+    (["tasks.train", "--profile", "ci", "--method", "jagg", "--seed", "0"], "checkpoints/ci/jagg-s0"),
+    (["tasks.evaluate", *_CI, "--run", "base"], "eval/ci-lnk"),
+    (["tasks.evaluate", "--profile", "ci", "--run", "jagg-s0"], "eval/ci/jagg-s0"),
+    (["tasks.speed", *_CI], "runs/ci-lnk"),
+    (["tasks.report", *_CI], "reports/ci-lnk"),
+    (["tasks.bench", "--profile", "ci", *BENCH_FAST, "--out", "bench-out"], "bench-out/rounds"),
+    (["tasks.export", "--profile", "ci", "--run", "jagg-s0", "--out", "exports/lnk"], "exports/lnk"),
+]
+
+
+@pytest.mark.parametrize("command, planted", OUTPUT_ROOTS, ids=[f"{c[0]}:{p}" for c, p in OUTPUT_ROOTS])
+def test_a_link_at_any_output_root_leading_out_is_refused_and_nothing_is_written_outside(command, planted, tmp_path):
+    """`ln -s <outside> checkpoints/ci-lnk` then `jagg train --set outputs=ci-lnk` wrote the weights outside the
+    project (rc 0), and so did an evaluation's images, a report and a bench's rounds; only export checked its folder.
+    Now every folder a stage reads or writes is held inside the project (paths.held, at Layout's folders and in
+    storage's writers): one sentence naming the link, exit 1, nothing written outside."""
+    root, outside = tmp_path / "project", tmp_path / "outside"
+    outside.mkdir()
+    (root / planted).parent.mkdir(parents=True)
+    shutil.copy(PARAMS, root / "params.yaml")
+    os.symlink(outside, root / planted)
+    out = run_module(*command, root=root, timeout=300)
+    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+    said = _one_sentence(out.stderr.removeprefix("jagg: error: "))
+    assert "leads outside the project" in said or "leading outside the project" in said, said
+    assert list(outside.iterdir()) == []
+
+
+def test_storage_writers_refuse_a_folder_a_link_leads_out_of_at_any_depth(tmp_path):
+    """Below a stage's output roots (a step's images folder, a checkpoint's), storage's writers hold a project's
+    paths inside it: a write, an append, a lock, a temporary folder, a rename and a copied tree through a link that
+    leads out are one sentence, nothing made outside; a link that stays inside is followed, a path outside every
+    project (a temporary file, the user's cache) is written as before."""
+    from jagg_core.setup import storage
+    from jagg_core.setup.paths import Layout, PathRuleError
+
+    root, outside = tmp_path / "project", tmp_path / "outside"
+    outside.mkdir()
+    lay = Layout(root, "ci")
+    deep = root / "eval" / "ci" / "base" / "step-000000"
+    deep.mkdir(parents=True)
+    os.symlink(outside, deep / "images")
+    (root / "src").mkdir()
+    (root / "src" / "f").write_bytes(b"x")
+    for write in (lambda: storage.atomic_write_bytes(deep / "images" / "anime" / "00000.jpg", b"x"),
+                  lambda: storage.append_bytes(deep / "images" / "log", b"x", OSError),
+                  lambda: storage.open_lock_file(deep / "images" / ".lock", OSError),
+                  lambda: storage.temp_dir(deep / "images", ".tmp-"),
+                  lambda: storage.move(root / "src" / "f", deep / "images" / "f"),
+                  lambda: storage.copy_tree(root / "src", deep / "images" / "copy", OSError),
+                  lambda: lay.eval_dir("base") and storage.atomic_write_text(deep / "images" / "x.json", "{}")):
+        with pytest.raises(PathRuleError, match=r"step-000000/images is a symbolic link leading outside the project"):
+            write()
+    assert list(outside.iterdir()) == []
+    os.symlink(root / "src", deep / "inner")  # inside the project: followed
+    storage.atomic_write_bytes(deep / "inner" / "g", b"y")
+    assert (root / "src" / "g").read_bytes() == b"y"
+    storage.atomic_write_bytes(outside / "free", b"z")  # outside every project: not the rule's

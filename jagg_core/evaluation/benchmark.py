@@ -33,12 +33,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from ..setup.storage import PromptFileError, read_prompt_list, read_score_records
+from ..errors import UserError
+from ..setup.storage import PromptFileError, open_image, read_prompt_list, read_score_records
 
 __all__ = [
     "BLOCK_SIZE",
     "HPDV2_REPO",
     "HPS_STYLES",
+    "IMAGE_FIX",
+    "ImageFileError",
     "block_means",
     "check_style",
     "image_path",
@@ -132,19 +135,22 @@ def load_hps_benchmark(
     return {style: read_prompt_list(path)[:subset] for style, path in paths.items()}
 
 
+class ImageFileError(UserError, ValueError):
+    """An evaluation image that cannot be read (not a regular file, a link, too many pixels, not an image)."""
+
+
+IMAGE_FIX = "remove it; `jagg evaluate` generates the images it lacks"
+
+
 # --- Scoring images --------------------------------------------------------------------------------------------------
 
 
 def load_image(path: Path) -> torch.Tensor:
-    """(3, H, W) float32 in [0, 1]."""
+    """(3, H, W) float32 in [0, 1], read through the storage door (:func:`open_image`: a regular file, never a link,
+    a pixel limit), else one :class:`ImageFileError` sentence."""
     import numpy as np
-    from PIL import Image
 
-    try:
-        with Image.open(path) as im:
-            pixels = np.asarray(im.convert("RGB"))  # (H, W, 3) uint8
-    except OSError as e:  # not an image, truncated
-        raise ValueError(f"image {path} cannot be read ({e}).") from None
+    pixels = np.asarray(open_image(path, ImageFileError, fix=IMAGE_FIX))  # (H, W, 3) uint8
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1).float() / 255
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from .benchmark import check_style
+from .benchmark import IMAGE_FIX, ImageFileError, check_style
+from ..setup.storage import open_image
 from ..media import GRID_MAX_SIDE, image_grid
 
 __all__ = ["clip_complete", "clip_dir", "frame_path", "strip_path", "strips_grid"]
@@ -40,8 +41,7 @@ def strips_grid(paths: Sequence[Path], captions: Sequence[str]) -> Any:
 
     strips = []
     for path in paths:
-        with Image.open(path) as im:
-            strip = im.convert("RGB")
+        strip = open_image(path, ImageFileError, fix=IMAGE_FIX)
         strips.append(strip if not strips or strip.size == strips[0].size else strip.resize(strips[0].size,
                                                                                             Image.LANCZOS))
     grid = image_grid(np.stack([np.asarray(s) for s in strips]), list(captions), ncols=1, scale=1,

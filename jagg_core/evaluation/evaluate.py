@@ -30,7 +30,7 @@ import torch
 
 from ..build import pick_device, policy_from_params
 from ..setup.config import Params
-from ..setup.paths import Layout
+from ..setup.paths import Layout, held
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
@@ -161,8 +161,8 @@ def evaluate_step(
     blocks."""
     ev = params.eval
     policy, progress, part = options.policy, options.progress, options.part
-    out_dir.mkdir(parents=True, exist_ok=True)
-    images_dir = out_dir / "images"
+    held(out_dir).mkdir(parents=True, exist_ok=True)
+    images_dir = held(out_dir / "images")  # a link leading out of the project: refused before anything is removed
     # Everything the images depend on: the checkpoint, the base model's weights, the model options, the sampler and
     # the prompts. Any change regenerates them. (The model options as masked: a plugin's secret options `***`.)
     generation = {"weights": _digest(weights), "base_model": base_model_digest(layout.base_model, params.model.path),

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..setup.registry import reward_spec
-from ..setup.storage import atomic_write_text, paths_digest, read_regular
-from .benchmark import image_path
+from ..setup.storage import atomic_write_text, open_regular, paths_digest, read_regular
+from .benchmark import IMAGE_FIX, ImageFileError, image_path
 from .clip_layout import frame_path
 from .conventions import evaluation_conventions
 
@@ -159,8 +159,9 @@ def image_digests(images_dir: Path, prompts: Mapping[str, Sequence[str]],
             h = hashlib.sha256(prompt.encode("utf-8") + b"\0")
             files = [image_path(images_dir, style, i)] if frames is None else \
                 [frame_path(images_dir, style, i, f) for f in frames]
-            for f in files:
-                h.update(read_regular(f, ValueError))
+            for f in files:  # never through a link (an image linked outside the project was scored as the model's)
+                with open_regular(f, ImageFileError, limit=64 << 20, follow=False, fix=IMAGE_FIX) as image:
+                    h.update(image.read())
             out[f"{style}/{i}"] = h.hexdigest()
     return out
 

@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from ..setup.registry import backbone_spec
-from ..setup.storage import atomic_write_text, temp_dir
+from ..setup.storage import atomic_write_text, move, temp_dir
 
 __all__ = ["ExportError", "export_transformer"]
 
@@ -92,7 +92,7 @@ def export_transformer(transformer: torch.nn.Module, out: str | Path, *, backbon
                                                            "pipeline": pipeline_name}, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty (checked above)
-        tmp.rename(out)
+        move(tmp, out)
     except Exception as e:  # noqa: BLE001  (OSError; safetensors' SafetensorError on a full disk, not an OSError)
         shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(e, "strerror", None) or " ".join(str(e).split())[:160] or type(e).__name__

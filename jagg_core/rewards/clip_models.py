@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
+from ..setup.storage import open_regular
 from .base import RewardError, RewardFn
 
 if TYPE_CHECKING:
@@ -179,7 +180,8 @@ def _read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     # TypeError, which a malformed (or malicious) file can provoke.
     import torch
 
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    with open_regular(path, RewardError, limit=1 << 40) as f:  # a regular file: a FIFO blocked the load for ever
+        checkpoint = torch.load(f, map_location="cpu", weights_only=True)
     state_dict = checkpoint.get("state_dict", checkpoint) if isinstance(checkpoint, dict) else checkpoint
     if not isinstance(state_dict, dict) or not state_dict:
         raise ValueError("no state dict in the checkpoint")
@@ -216,6 +218,8 @@ def load_open_clip(
         finally:
             logging.getLogger().removeFilter(quiet)
         model.load_state_dict(state_dict, strict=True)
+    except RewardError:  # the storage door's sentence (not a regular file, too large)
+        raise
     except Exception as e:  # unpickling refused, truncated file, missing or unexpected keys, wrong shapes
         raise published.error(path, f"could not be loaded into open_clip {model_name} ({type(e).__name__})") from e
     tokenizer = open_clip.get_tokenizer(model_name)

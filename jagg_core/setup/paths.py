@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from jagg_core.errors import UserError
 
-__all__ = ["Layout", "PathRuleError", "RunNameError", "inside", "parse_run_name", "run_name"]
+__all__ = ["Layout", "PathRuleError", "RunNameError", "held", "hold", "inside", "parse_run_name", "run_name"]
 
 # A run name as `run_name` makes it and nothing else: a method name of at most 64 characters, a seed from 0 to
 # 2**31 - 1 in ASCII digits without leading zeros, no trailing newline (fullmatch, not `$`), no '/' or '..'.
@@ -44,6 +45,7 @@ def inside(root: str | Path, given: str | Path, flag: str, *, kind: str) -> Path
     """The one rule for a path argument: ``given`` (relative to the project ``root``) resolves inside the project, and
     is of ``kind`` — ``"dir"`` (a folder, or nothing yet) or ``"file"`` (a file, or nothing yet, in a folder or where
     one can be made) — else one sentence naming the argument. Returns the resolved path."""
+    hold(root)
     root = Path(root).resolve()
     path = (root / given).resolve()
     if not path.is_relative_to(root) or path == root and kind == "file":
@@ -61,6 +63,35 @@ def inside(root: str | Path, given: str | Path, flag: str, *, kind: str) -> Path
     return path
 
 
+# The project roots this process reads and writes in (each Layout's, each root a path argument was checked against),
+# as given and resolved: a path lexically inside one must resolve inside it (:func:`held`).
+_ROOTS: dict[Path, Path] = {}
+
+
+def hold(root: str | Path) -> None:
+    """Hold the process's reads and writes under ``root`` inside it: :func:`held` (the storage door's writers call it)
+    refuses a path below ``root`` that a symbolic link leads out of."""
+    given = Path(os.path.abspath(root))
+    _ROOTS.setdefault(given, Path(os.path.realpath(given)))
+
+
+def held(path: str | Path) -> Path:
+    """``path`` itself where it is not below a held project root (:func:`hold`: a temporary folder, the user's cache)
+    or resolves inside the root it is below; else one :class:`PathRuleError` naming the link that leads out
+    (`ln -s /elsewhere checkpoints/ci-lnk` then `--set outputs=ci-lnk` wrote the weights outside the project)."""
+    p = Path(os.path.abspath(path))
+    for given, real in list(_ROOTS.items()):
+        base = given if p.is_relative_to(given) else real if p.is_relative_to(real) else None
+        if base is None or Path(os.path.realpath(p)).is_relative_to(real):
+            continue
+        link = next((base / Path(*p.relative_to(base).parts[:k]) for k in range(1, len(p.relative_to(base).parts) + 1)
+                     if (base / Path(*p.relative_to(base).parts[:k])).is_symlink()), p)
+        raise PathRuleError(f"{link} is a symbolic link leading outside the project ({real}), to "
+                            f"{os.path.realpath(link)}; jagg reads and writes only inside the project: remove the "
+                            f"link or choose another folder.")
+    return Path(path)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The profile's prompt set and base model under ``<profile>``; its runs, checkpoints, evaluations and report under
@@ -74,6 +105,13 @@ class Layout:
     def __post_init__(self) -> None:
         if not self.outputs:
             object.__setattr__(self, "outputs", self.profile)
+        hold(self.root)
+        # every folder a stage writes into, held inside the project before any stage reads or writes (its deeper
+        # folders: by the accessors below and storage's writers)
+        for top in ("data", "models"):
+            held(self.root / top / self.profile)
+        for top in ("checkpoints", "runs", "eval", "eval-validation", "reports"):
+            held(self.root / top / self.outputs)
 
     @classmethod
     def of(cls, params, root: Path) -> "Layout":  # noqa: ANN001  (Params; paths stays free of config imports)
@@ -81,7 +119,7 @@ class Layout:
 
     @property
     def prompts(self) -> Path:
-        return self.root / "data" / self.profile / "prompts"
+        return held(self.root / "data" / self.profile / "prompts")
 
     @property
     def train_prompts(self) -> Path:
@@ -103,13 +141,13 @@ class Layout:
 
     @property
     def base_model(self) -> Path:
-        return self.root / "models" / self.profile / "base"
+        return held(self.root / "models" / self.profile / "base")
 
     def checkpoints(self, run: str) -> Path:
-        return self.root / "checkpoints" / self.outputs / run
+        return held(self.root / "checkpoints" / self.outputs / run)
 
     def run_dir(self, run: str) -> Path:
-        return self.root / "runs" / self.outputs / run
+        return held(self.root / "runs" / self.outputs / run)
 
     def curve(self, run: str) -> Path:
         return self.run_dir(run) / "curve.tsv"
@@ -117,11 +155,11 @@ class Layout:
     @property
     def speed(self) -> Path:
         """Every method's update stage timed side by side (the `speed` stage; the report's speed table)."""
-        return self.root / "runs" / self.outputs / "speed.json"
+        return held(self.root / "runs" / self.outputs / "speed.json")
 
     def eval_dir(self, run: str) -> Path:
-        return self.root / ("eval-validation" if self.split == "validation" else "eval") / self.outputs / run
+        return held(self.root / ("eval-validation" if self.split == "validation" else "eval") / self.outputs / run)
 
     @property
     def report_dir(self) -> Path:
-        return self.root / "reports" / self.outputs
+        return held(self.root / "reports" / self.outputs)

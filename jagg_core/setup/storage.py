@@ -8,6 +8,7 @@ file the process writes), and a folder is replaced so that a complete copy is in
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -16,14 +17,20 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import UserError
+from .paths import held
 
 __all__ = [
     "FolderLock",
     "MAX_READ_BYTES",
     "append_bytes",
     "file_sha256",
+    "MAX_IMAGE_PIXELS",
+    "move",
     "open_append",
+    "open_image",
     "open_lock_file",
+    "open_regular",
+    "copy_tree",
     "read_head",
     "read_from",
     "read_regular",
@@ -106,25 +113,30 @@ class FolderLock:
         self.release()
 
 
-def _open_regular(path: Path, flags: int, error: type[Exception], fix: str, create_mode: int = 0o666) -> int:
+def _open_regular(path: Path, flags: int, error: type[Exception], fix: str, create_mode: int = 0o666, *,
+                  follow: bool = True) -> int:
     """A descriptor of the regular file ``path`` opened with ``flags``: for writing never through a link at ``path``
-    itself (``O_NOFOLLOW``; a read follows one, as :func:`read_regular` does), never blocking (``O_NONBLOCK``: a FIFO
-    there is refused, not waited on), checked on the open descriptor (``fstat``: a device, a FIFO, a socket or a
-    folder is refused), else one ``error`` sentence."""
+    itself (``O_NOFOLLOW``; a read follows one, as :func:`read_regular` does, unless not ``follow``), never blocking
+    (``O_NONBLOCK``: a FIFO there is refused, not waited on), checked on the open descriptor (``fstat``: a device, a
+    FIFO, a socket or a folder is refused), its folder held inside the project (``paths.held``), else one ``error``
+    sentence."""
     import errno
     import stat
 
     tail = f"; {fix}" if fix else ""
+    writes = flags & (os.O_WRONLY | os.O_RDWR)
+    held(path.parent)
     try:
-        writes = flags & (os.O_WRONLY | os.O_RDWR)
-        fd = os.open(path, flags | (os.O_NOFOLLOW if writes else 0) | os.O_NONBLOCK | os.O_CLOEXEC, create_mode)
+        nofollow = os.O_NOFOLLOW if writes or not follow else 0
+        fd = os.open(path, flags | nofollow | os.O_NONBLOCK | os.O_CLOEXEC, create_mode)
     except FileNotFoundError:
         raise error(f"{path} does not exist{tail}.") from None
     except IsADirectoryError:
         raise error(f"{path} is a folder, not a file{tail}.") from None
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise error(f"{path} is a symbolic link, which jagg does not write through{tail}.") from None
+            raise error(f"{path} is a symbolic link, which jagg does not {'write' if writes else 'read'} through"
+                        f"{tail}.") from None
         if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
             raise error(f"{path} is not a regular file (a device, a FIFO or a socket){tail}.") from None
         raise error(f"{path} cannot be opened ({e.strerror or e}){tail}.") from None
@@ -172,6 +184,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, mode: int | None
     a reader sees the old file or the new one whole. ``mode``: the file's permissions (default: any written file's,
     0666 less the umask; 0600 for what only its owner may read)."""
     path = Path(path)
+    held(path.parent)  # a folder that a link leads out of the project is refused before anything is made in it
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # O_EXCL | O_NOFOLLOW
     try:
@@ -197,10 +210,30 @@ def copy_file(src: str | os.PathLike, dest: str | os.PathLike, error: type[Excep
     atomic_write_bytes(dest, read_regular(src, error, limit=limit))
 
 
+def copy_tree(src: str | os.PathLike, dest: str | os.PathLike, error: type[Exception], *,
+              limit: int = 1 << 34) -> None:
+    """The folder ``src`` copied to the new folder ``dest``: each file read as :func:`open_regular` reads (a regular
+    file, never a link, at most ``limit`` bytes: a FIFO would block ``shutil.copytree``, a link to /dev/zero fill the
+    disk), written by :func:`atomic_write_bytes`; else one ``error`` sentence."""
+    src, dest = Path(src), Path(dest)
+    for path in sorted(src.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            held(dest / path.relative_to(src)).mkdir(parents=True, exist_ok=True)
+            continue
+        with open_regular(path, error, limit=limit, follow=False) as f:
+            atomic_write_bytes(dest / path.relative_to(src), f.read())
+
+
+def move(src: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """``os.replace(src, dest)``, the project's one rename: ``dest``'s folder held inside the project (a rename never
+    follows a link at ``dest`` itself: it replaces it)."""
+    os.replace(src, held(Path(dest).parent) / Path(dest).name)
+
+
 def temp_dir(parent: str | os.PathLike, prefix: str) -> Path:
     """A new empty folder in ``parent`` (for :func:`replace_dir`), with the permissions of any folder the process makes
     (``mkdtemp`` makes 0700: a checkpoint or a base model whose files are 0644 in a folder only its owner can open)."""
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=prefix))
+    tmp = Path(tempfile.mkdtemp(dir=held(parent), prefix=prefix))
     os.chmod(tmp, 0o777 & ~_UMASK)
     return tmp
 
@@ -211,7 +244,7 @@ def replace_dir(src: str | os.PathLike, dest: str | os.PathLike) -> None:
     The previous ``dest`` is renamed aside first and put back if the second rename fails, so one complete copy is
     in place at every moment; it is deleted only once ``src`` is in place.
     """
-    src, dest = Path(src), Path(dest)
+    src, dest = Path(src), held(Path(dest).parent) / Path(dest).name
     if not dest.exists():
         os.replace(src, dest)
         return
@@ -318,6 +351,53 @@ def file_sha256(path: str | os.PathLike, error: type[Exception], *, fix: str = "
     return h.hexdigest()
 
 
+def open_regular(path: str | os.PathLike, error: type[Exception], *, limit: int = MAX_READ_BYTES, fix: str = "",
+                 follow: bool = True):  # noqa: ANN201  (BinaryIO)
+    """``path`` opened to read, as a file object for a loader that takes one (``torch.load``, ``json.load``, safetensors'
+    ``load``): the regular file :func:`read_regular` would read (never blocking, at most ``limit`` bytes by ``fstat``,
+    its folder held inside the project), a link at ``path`` followed only where ``follow``; else one ``error``
+    sentence. The caller closes it (``with``)."""
+    fd = _open_regular(Path(path), os.O_RDONLY, error, fix, follow=follow)
+    size = os.fstat(fd).st_size
+    if size > limit:
+        os.close(fd)
+        raise error(f"{path} is larger than {limit:,} bytes, more than such a file holds{'; ' + fix if fix else ''}.")
+    return os.fdopen(fd, "rb")
+
+
+# An image's pixels (width x height) at most: a 67-byte PNG declaring 30000 x 30000 was a DecompressionBombError
+# traceback (PIL warns at 89 M pixels and raises at 179 M); 8192 x 8192 is four times the largest image jagg makes.
+MAX_IMAGE_PIXELS = 1 << 26
+
+
+def open_image(path: str | os.PathLike, error: type[Exception], *, max_pixels: int = MAX_IMAGE_PIXELS,
+               limit: int = 64 << 20, fix: str = ""):  # noqa: ANN201  (PIL.Image.Image)
+    """The image file ``path`` as a loaded RGB PIL image: a regular file of at most ``limit`` bytes, never a link (an
+    image linked to a file outside the project was scored as the model's own) and never blocking (a FIFO hung the
+    report), its folder held inside the project, declaring at most ``max_pixels`` pixels (checked on its header,
+    before it is decoded); else one ``error`` sentence."""
+    import warnings
+
+    from PIL import Image
+
+    tail = f"; {fix}" if fix else ""
+    with open_regular(path, error, limit=limit, fix=fix, follow=False) as f:
+        data = f.read()
+    too_many = f"more than the {max_pixels:,} pixels an image may have{tail}"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our own limit below says it
+            im = Image.open(io.BytesIO(data))
+            w, h = im.size
+            if w * h <= max_pixels:
+                return im.convert("RGB")
+    except Image.DecompressionBombError:
+        raise error(f"{path} declares more pixels than PIL decodes, {too_many}.") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:  # not an image, truncated, damaged
+        raise error(f"{path} is not a readable image ({type(e).__name__}: {str(e)[:200]}){tail}.") from None
+    raise error(f"{path} declares {w} x {h} pixels, {too_many}.")
+
+
 def read_prompts(path: str | os.PathLike) -> list[str]:
     """Prompts of a ``.jsonl`` file of ``{"prompt": ...}`` lines (or a ``.txt`` file, one per line)."""
     path = Path(path)
@@ -414,7 +494,7 @@ def _file_content_sha256(path: Path) -> str:
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(cache, json.dumps({"key": key, "sha256": h.hexdigest()}))
-    except OSError:
+    except (OSError, UserError):  # best effort: a cache folder that cannot be written, or one a link leads out of
         pass
     return h.hexdigest()
 

@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import UserError
 from ..setup.faults import fault
-from ..setup.storage import atomic_write_bytes, atomic_write_text, read_regular, replace_dir, temp_dir
+from ..setup.storage import (atomic_write_bytes, atomic_write_text, move, open_regular, read_regular, replace_dir,
+                             temp_dir)
 from ..setup.storage import file_sha256 as storage_sha256
 
 if TYPE_CHECKING:
@@ -115,8 +116,12 @@ class Checkpoint:
         import torch
 
         path = self.path / "optimizer.pt"
+        fix = f"move checkpoint {self.iteration} aside"
         try:  # tensors and plain containers only: a pickle that would run code is refused, never executed
-            return torch.load(path, map_location="cpu", weights_only=True)
+            with open_regular(path, CheckpointError, limit=1 << 42, fix=fix) as f:  # regular, never blocking
+                return torch.load(f, map_location="cpu", weights_only=True)
+        except CheckpointError:
+            raise
         except Exception as e:  # noqa: BLE001  (UnpicklingError, RuntimeError, ...: all mean "not loadable")
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             raise CheckpointError(f"{path} cannot be loaded as tensors only ({first}); it was not written by jagg "
@@ -312,7 +317,7 @@ def recover_leftovers(root: str | os.PathLike) -> list[str]:
                 shutil.rmtree(p, ignore_errors=True)
                 done.append(f"deleted {p.name} (its swap finished)")
             else:
-                os.replace(p, root / name)
+                move(p, root / name)
                 done.append(f"restored {name} from {p.name} (its swap was interrupted)")
     return done
 
@@ -387,7 +392,7 @@ def rotate(root: str | os.PathLike, keep: int) -> None:
     for old in list_checkpoints(root, check=False)[:-keep]:
         gone = old.path.with_name(f".tmp-rotated-{old.path.name}-{os.getpid()}")
         try:
-            os.replace(old.path, gone)
+            move(old.path, gone)
         except OSError:  # deleted by someone else already
             continue
         shutil.rmtree(gone, ignore_errors=True)

@@ -23,7 +23,7 @@ from ..build import pick_device, policy_from_params, reward_from_params
 from ..setup.config import Params, ResolvedMethod
 from ..setup.paths import Layout, run_name
 from ..setup.redact import flatten
-from ..setup.storage import read_prompts
+from ..setup.storage import move, read_prompts
 from ..policies.lora import load_trainable_state_dict, trainable_state_dict
 from ..sampling import derive_seed
 from .checkpoint import CheckpointError, latest_checkpoint_together, list_checkpoints, recover_leftovers, save_checkpoint
@@ -165,7 +165,7 @@ def resume_run(r: RunState) -> int:
             log.warning("%s: checkpoints under %s were written with other params; moved to %s, starting over",
                         r.name, r.ckpt_root, aside)
             shutil.rmtree(aside, ignore_errors=True)
-            r.ckpt_root.rename(aside)
+            move(r.ckpt_root, aside)
         r.accelerator.wait_for_everyone()
         ckpt = None
     if ckpt is None:
