@@ -46,8 +46,14 @@ def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | N
     finally:
         torch.set_num_threads(threads)  # the flow runs this stage in its own process: leave its threads as found
     write_result(result, lay.speed)
+    disturbed = ", ".join(str(d["round"]) for d in result["disturbed_rounds"])
+    log.info("side by side: timed by the %s clock; rounds the machine's load disturbed: %s", result["clock"],
+             disturbed or "none")
+    if not result["trusted"]:
+        log.warning("side by side: no figures: %s", result["untrusted"])
+        return result
     for row in result["table"]:
-        log.info("side by side: %s update %.3f s (median of %d rounds)%s", row["method"], row["update_s"], rounds,
+        log.info("side by side: %s update %.3f s (fastest half of %d rounds)%s", row["method"], row["update_s"], rounds,
                  f", {row['speedup']:.2f}x the exact baseline (ideal {row['ideal']:.2f}x)" if "speedup" in row else "")
     return result
 

@@ -394,6 +394,8 @@ def read_side_by_side(params: Params, lay: Layout) -> tuple[dict[str, Any] | Non
                 if ours.get(k) != theirs.get(k)]
         return None, (f"{shown} was measured at other settings ({'; '.join(diff[:3])}"
                       f"{f'; {len(diff) - 3} more' if len(diff) > 3 else ''}); run `jagg speed` again")
+    if side.get("trusted") is False:  # the figures are not shown: the table says why (side_by_side.py)
+        return None, f"{shown} cannot be trusted: {side.get('untrusted') or 'its rounds spread too much'}"
     return side, None
 
 

@@ -128,7 +128,7 @@ def _side_rows(summary: dict) -> list[list[str]]:
     side = summary.get("side_by_side")
     if not side:
         return []
-    rows = [["method", "update s (median [q1, q3])", "speedup vs exact", "vs better exact", "ideal (cost model)",
+    rows = [["method", "update s (fastest half [q1, q3])", "speedup vs exact", "vs better exact", "ideal (cost model)",
              "measured / ideal"]]
     for r in side["table"]:
         flag = " ⚑ above ideal: not a gain" if r.get("above_ideal") else ""
@@ -164,11 +164,23 @@ def side_note(summary: dict) -> str:
         return f"No side-by-side measurement (`jagg speed`; resources.speed_rounds 0): the table below is {own}"
     return (f"Every method's update stage timed side by side on one stored rollout of the base model "
             f"({side['images']} images, trained steps {side['trained_steps']}, {side['threads']} thread(s)): "
-            f"{side['rounds']} rounds, each method and the rollout once per round in a shuffled order, medians "
-            f"(rollout {said(side['rollout'].get('median'), 3, ' s')}). A load that comes and goes hits every method alike. "
+            f"{side['rounds']} rounds, each method and the rollout once per round in a shuffled order, the mean of each "
+            f"one's fastest half of the rounds (the least disturbed; rollout's median "
+            f"{said(side['rollout'].get('median'), 3, ' s')}). A load that comes and goes hits every method alike. "
+            f"{_clock_words(side)}"
             f"⚑ marks a speedup above the cost model's ideal (forward 1, backward 2, from the counted forwards; it counts "
             f"work, not calls, so batching's saving on a small model shows here too): never read as the method's gain. "
             f"The table after it is each run's own times.")
+
+
+def _clock_words(side: dict) -> str:
+    """Which clock the figures are from and the rounds the machine's load disturbed (side_by_side.py)."""
+    clock = {"cpu": "the thread's CPU time", "cuda": "CUDA events", "wall": "the wall clock"}.get(side.get("clock"))
+    if clock is None:  # a measurement from before the clocks
+        return ""
+    named = ", ".join(str(d["round"]) for d in side.get("disturbed_rounds") or [])
+    return (f"Timed by {clock}, the steadier of the clocks it was timed by; rounds the machine's load disturbed: "
+            f"{named or 'none'}. ")
 
 
 def _speed_rows(summary: dict) -> list[list[str]]:
