@@ -1,6 +1,6 @@
 """Issue 61, mechanism 7 (nothing silently defaulted): a user's params file extends the project's (`extends:`), a file
-that neither extends it nor is a whole params file says so, the pipelines generator takes no other params file than
-the project's, and every sentence about a params file names that file."""
+that does not extend it says so, one never changes a profile of the project's (issue 71), the pipelines generator
+takes no other params file than the project's, and every sentence about a params file names that file."""
 
 from __future__ import annotations
 
@@ -53,17 +53,45 @@ def test_a_users_file_extends_the_projects_params(project):
 
     (project / "mine/params.yaml").write_text(
         "extends: ../params.yaml\n"
-        "profile: ci\n"
+        "profile: ci-mine\n"
         "plugins: []\n"
         "profiles:\n"
-        "  ci: {train: {iterations: 5}}\n")
+        "  ci-mine: {extends: ci, train: {iterations: 5}}\n")
     mine = load(None, project / "mine/params.yaml")
     ci = load_params(PARAMS, "ci")
-    assert mine.profile == "ci"
+    assert mine.profile == "ci-mine"
     assert (mine.world.n_train, mine.world.n_test_per_style) == (64, 4)
     assert mine.train.iterations == 5 and mine.train.micro_batch == ci.train.micro_batch  # one key of ci's changed
-    assert mine.model_dump() == ci.model_copy(update={"train": ci.train.model_copy(update={"iterations": 5})}
-                                              ).model_dump()
+    assert mine.model_dump() == ci.model_copy(update={"profile": "ci-mine", "train": ci.train.model_copy(
+        update={"iterations": 5})}).model_dump()
+
+
+@pytest.mark.parametrize("text", [
+    "profile: ci\nprofiles:\n  ci: {world: {n_train: 32}}\n",  # profiles, no extends: the code's defaults
+    "extends: ../params.yaml\nprofile: ci\nprofiles:\n  ci: {world: {n_train: 32}}\n",  # ci's world changed
+    "extends: ../params.yaml\nprofile: ci\ntrain: {lr: 0.5}\n",  # ci changed through a section
+    "extends: ../params.yaml\nprofiles:\n  toy: {train: {iterations: 5}}\n",  # the project's default profile
+])
+def test_a_users_file_never_writes_into_a_profile_of_the_projects(project, text):
+    """A file with `profiles:` and no `extends:` ran on the code's defaults and `prepare` overwrote data/ci/prompts
+    (64 lines became 32); an `extends:` file changing `profiles.ci.world` rewrote all 11 of ci's prompt files, after
+    which the project's own ci training refused; docs/extending.md's own example (`profile: ci`) wrote into data/ci,
+    runs/ci and the jagg-ci experiment. Now each is one sentence, exit 1, nothing written; a profile of its own that
+    extends ci (the test above) gets its own folders."""
+    import tasks.prepare
+
+    kept = project / "data/ci/prompts/train.jsonl"
+    kept.parent.mkdir(parents=True)
+    kept.write_text('{"prompt": "kept"}\n')
+    (project / "mine/params.yaml").write_text(text)
+    rc, err = _main(tasks.prepare, ["--params", "mine/params.yaml"])
+    assert rc == 1, err
+    said = _one_sentence(err.removeprefix("jagg: error: "))
+    assert ("does not extend" in said if "extends" not in text
+            else "of params.yaml" in said and "-mine: {extends: " in said), said
+    assert kept.read_text() == '{"prompt": "kept"}\n'
+    assert sorted(str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()) == [
+        "data/ci/prompts/train.jsonl", "mine/params.yaml", "params.yaml"]
 
 
 @pytest.mark.parametrize("profile", ["toy", "ci"])
@@ -93,7 +121,7 @@ def test_a_file_that_neither_extends_nor_is_whole_is_refused_and_prepare_writes_
     rc, err = _main(tasks.prepare, ["--params", "mine/params.yaml"])
     assert rc == 1, err
     said = _one_sentence(err.removeprefix("jagg: error: "))
-    assert "mine/params.yaml neither extends" in said and "add `extends: ../params.yaml`" in said, said
+    assert "mine/params.yaml does not extend" in said and "add `extends: ../params.yaml`" in said, said
     assert kept.read_text() == '{"prompt": "kept"}\n'
     assert sorted(str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()) == [
         "data/ci/prompts/train.jsonl", "mine/params.yaml", "params.yaml"]

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from .config import _NAME, Params, ParamsError
 from .paths import PathRuleError, inside
-from .redact import hide, holds_secret, invalid_value, redact_value
+from .redact import flatten, hide, holds_secret, invalid_value, redact_value
 from .storage import read_regular
 
 __all__ = ["deep_merge", "load_params", "parse_yaml"]
@@ -280,6 +280,55 @@ def _read_tree(path: Path, root: Path, chain: tuple[Path, ...] = ()) -> tuple[di
     return _extended(base, raw), True
 
 
+_MAX_PROFILE_EXTENDS = 8  # profiles in one chain of `extends: <profile>`
+
+
+def _overlay(profiles: Mapping[str, Any], name: str, source: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Profile ``name``'s overlay, merged over the profile its ``extends:`` names (``ci-mine: {extends: ci, train:
+    {iterations: 5}}`` is ci's overlay with that one value changed: a profile of one's own, with its own folders,
+    built on one of the project's)."""
+    overlay = profiles.get(name) or {}
+    if not isinstance(overlay, dict):
+        raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")
+    if "extends" not in overlay:
+        return overlay
+    base = overlay["extends"]
+    if not isinstance(base, str) or base not in profiles:
+        raise ParamsError(f"{source}: profiles.{name}.extends must name a profile of the params "
+                          f"({', '.join(profiles)}).")
+    if base in (*chain, name) or len(chain) >= _MAX_PROFILE_EXTENDS:
+        raise ParamsError(f"{source}: profiles.{name}.extends {base!r} makes a cycle or a chain of more than "
+                          f"{_MAX_PROFILE_EXTENDS} profiles; extend a profile that does not extend it back.")
+    return deep_merge(_overlay(profiles, base, source, (*chain, name)),
+                      {k: v for k, v in overlay.items() if k != "extends"})
+
+
+def _not_the_projects_profile(tree: dict[str, Any], name: str, source: str, root: Path) -> None:
+    """A file of one's own runs a profile of the project's params.yaml only as that file defines it: the profile's
+    name is its folders (data/<p>, models/<p>, runs/<p>, checkpoints/<p>) and MLflow experiment, which the project's
+    own runs use (docs/extending.md's example changed ci: it rewrote data/ci's prompts and blocked ci's training
+    until --restart). Changes go in a profile of its own, which ``extends:`` the project's profile."""
+    project = root / "params.yaml"
+    theirs, _ = _read_tree(project, root)
+    their_profiles = _profiles_of(theirs, "params.yaml")
+    if name not in their_profiles and name != theirs.get("profile", "toy"):
+        return  # a profile of its own: its own folders
+    ignored = {"profile", "plugins"}  # what the profile is called; plugins alone change no setting of it
+    mine = flatten({k: v for k, v in tree.items() if k not in ignored})
+    project_tree = deep_merge({k: v for k, v in theirs.items() if k != "profiles"},
+                              _overlay(their_profiles, name, "params.yaml"))
+    base = flatten({k: v for k, v in project_tree.items() if k not in ignored})
+    changed = sorted(k for k in set(mine) | set(base) if mine.get(k, base.get(k)) != base.get(k, mine.get(k))
+                     or (k in mine) != (k in base))
+    if changed:
+        more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+        raise ParamsError(f"{source} changes profile {name!r} of params.yaml ({changed[0]}{more}), whose folders "
+                          f"(data/{name}, runs/{name}, checkpoints/{name}) and MLflow experiment are the project's "
+                          f"own runs'; put the changes in a profile of your own that builds on it (profiles: "
+                          f"{{{name}-mine: {{extends: {name}, ...}}}} with profile: {name}-mine), which gets folders "
+                          f"of its own.")
+
+
 def load_params(
     path: str | os.PathLike = "params.yaml",
     profile: str | None = None,
@@ -292,9 +341,11 @@ def load_params(
     The profile is, in order: the ``profile`` argument, ``$JAGG_PROFILE``, the file's ``profile`` key, ``toy``.
 
     A file with ``extends: <path>`` (relative to it, inside the project ``root``, the working directory unless given)
-    is deep-merged over the file it names, profiles too (docs/extending.md). A file that neither extends another nor
-    defines ``profiles`` and is not the project's ``params.yaml`` is refused: every key it leaves out would silently be
-    the code's default (a user's small file replacing the project's).
+    is deep-merged over the file it names, profiles too (docs/extending.md). A file in the project that does not
+    extend another and is not the project's ``params.yaml`` is refused, profiles or not (outside the project, one
+    without ``profiles``): every key it leaves out would silently be the code's default (a user's small file replacing
+    the project's). A file of one's own runs a profile of the project's params.yaml only as that defines it: changes
+    go in a profile of its own (``profiles: {ci-mine: {extends: ci, ...}}``), whose folders and experiment are its own.
     """
     path = Path(path)
     root = Path(root if root is not None else Path.cwd()).resolve()
@@ -305,7 +356,10 @@ def load_params(
         raise ParamsError(f"{redact_value(str(path))} holds a URL's credentials; a params file is a local file: save "
                           f"it and pass its local path.")
     raw, extends = _read_tree(path, root)
-    partial = not extends and "profiles" not in raw and path.resolve() != (root / "params.yaml").resolve()
+    own = path.resolve() == (root / "params.yaml").resolve()  # the project's own params file
+    # a file of one's own that does not extend the project's is refused below, profiles or not: it ran on the code's
+    # defaults and wrote into the project's profiles' folders (data/ci/prompts: 64 lines became 32)
+    partial = not extends and not own and ("profiles" not in raw or path.resolve().is_relative_to(root))
     profiles = _profiles_of(raw, source)
     raw.pop("profiles", None)
     env = os.environ.get("JAGG_PROFILE")
@@ -319,9 +373,7 @@ def load_params(
                           f"folders).")
     if name not in profiles and name != raw.get("profile", "toy"):
         raise ParamsError(f"unknown profile {name!r}; profiles in {source}: {', '.join(profiles) or 'none'}.")
-    overlay = profiles.get(name) or {}
-    if not isinstance(overlay, dict):
-        raise ParamsError(f"{source}: profiles.{name} must be a mapping of sections.")
+    overlay = _overlay(profiles, name, source)
     if not overlay and not (set(raw) - {"profile"}):
         # `profile: ci` alone, or with `profiles: {ci: {}}`: every value would be the code's default (and prepare
         # would overwrite ci's prompts with the code's sizes)
@@ -336,6 +388,8 @@ def load_params(
         raise ParamsError(f"--set profile={str(given)[:64]} would write profile {name!r}'s settings into the folders "
                           f"of {str(given)[:64]!r}; pass --profile {str(given)[:64]} instead.")
     tree = deep_merge(raw, overlay)
+    if extends and not own:
+        _not_the_projects_profile(tree, name, source, root)
     tree["profile"] = name
     for dotted, value in (overrides or {}).items():
         _bounded(value, f"override {dotted}")
@@ -348,7 +402,7 @@ def load_params(
         raise ParamsError(hide(_describe(e, f"{source} (profile {name})", tree), tree)) from None
     if partial:  # after its values' own sentences: a typo in it is named before the file as a whole
         project = os.path.relpath(root / "params.yaml", Path(os.path.abspath(path)).parent)
-        raise ParamsError(f"{source} neither extends the project's params file nor defines profiles, so every key it "
-                          f"leaves out would be the code's default, not the project's; add `extends: {project}` "
+        raise ParamsError(f"{source} does not extend the project's params file, so every key it leaves out would be "
+                          f"the code's default, not the project's; add `extends: {project}` "
                           f"(the project's params.yaml, relative to {source}) at its top to build on it.")
     return params
