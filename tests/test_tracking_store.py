@@ -67,6 +67,30 @@ def test_a_damaged_tracking_store_is_one_sentence_naming_it_and_the_fix(ci_proje
     assert not Layout(ci_project, "ci").checkpoints("jagg-s0").exists()  # nothing started
 
 
+def test_a_held_store_lock_is_one_sentence_after_its_deadline_naming_the_lock_and_its_holder(ci_project):
+    """Another process holding ``mlflow.db.lock`` (a stuck stage opening the store): ``jagg evaluate`` waited for ever,
+    silently, in ``flock``; now it waits ``tracking.lock_wait_s``, then one sentence naming the lock file and the
+    process holding it, rc 1, nothing written."""
+    lock = ci_project / "mlflow.db.lock"
+    holder = subprocess.Popen([sys.executable, "-c", f"import fcntl, os, time\n"
+                               f"fd = os.open({str(lock)!r}, os.O_RDWR | os.O_CREAT)\n"
+                               f"fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.relative_to(ci_project) for p in ci_project.rglob("*"))
+        out = run_module("tasks.evaluate", "--profile", "ci", "--run", "base", "--set", "tracking.lock_wait_s=1",
+                         root=ci_project, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 1 and len(lines) == 1, out.stderr[-3000:]
+    assert lines[0].startswith("jagg: error: the MLflow store") and str(lock) in lines[0], lines[0]
+    assert f"process {holder.pid} has held" in lines[0] and f"kill {holder.pid}" in lines[0], lines[0]
+    assert sorted(p.relative_to(ci_project) for p in ci_project.rglob("*")) == before  # nothing written
+
+
 # --- failures while training: retried, buffered on disk, replayed --------------------------------------------------
 
 

@@ -11,7 +11,7 @@ from typing import Iterator
 
 from ..setup.redact import redact
 from ..errors import UserError
-from ..setup.storage import open_lock_file, read_head
+from ..setup.storage import open_lock_file, read_head, read_text
 
 __all__ = ["TrackingError", "artifact_location", "check_sqlite_store", "resolve_uri", "shown", "sqlite_path",
            "store_creation_lock", "store_failure"]
@@ -47,9 +47,11 @@ def artifact_location(uri: str, experiment: str) -> str | None:
 
 
 @contextlib.contextmanager
-def store_creation_lock(uri: str) -> Iterator[None]:
+def store_creation_lock(uri: str, wait_s: float = 120.0) -> Iterator[None]:
     """For a SQLite store, an exclusive lock beside the database while a process opens it: the first creates the
-    tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them."""
+    tables (MLflow's migrations are not safe to run twice at once) and the experiment; the others then find them.
+    The wait has a deadline (``tracking.lock_wait_s``): a lock held longer (a stuck or stopped process opening the
+    store) is one sentence naming the lock file and its holder, before anything is written (it waited for ever)."""
     db = sqlite_path(uri)
     if db is None:
         yield
@@ -61,13 +63,57 @@ def store_creation_lock(uri: str) -> Iterator[None]:
     # A regular file, opened without blocking and never through a link (a FIFO there hung `jagg train`).
     fd = open_lock_file(lock, TrackingError, fix=f"remove it (rm {lock}), then run again")
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _acquire(fd, lock, db, wait_s)
         try:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _acquire(fd: int, lock: Path, db: Path, wait_s: float) -> None:
+    """``flock(fd, LOCK_EX)`` polled without blocking until ``wait_s`` seconds have passed, then one sentence."""
+    import fcntl
+    import time
+
+    deadline, delay = time.monotonic() + wait_s, 0.02
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
+            delay = min(delay * 2, 0.5)
+    holder = lock_holder(fd)
+    who = f"process {holder}" if holder else "another process"
+    stop = f"stop it (kill {holder})" if holder else f"stop it (fuser {lock} names it)"
+    raise TrackingError(f"the MLflow store {db} could not be opened: {who} has held its lock file {lock} for over "
+                        f"{wait_s:g} s (tracking.lock_wait_s; a flock ends with the process that holds it); wait for "
+                        f"that process or {stop}, then run again.")
+
+
+def lock_holder(fd: int) -> int | None:
+    """The id of a process holding a ``flock`` on the file open as ``fd`` (Linux's /proc/locks), else None."""
+    info = os.fstat(fd)
+    try:
+        text = read_text("/proc/locks", OSError)
+    except OSError:  # not Linux
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if "->" in parts or len(parts) < 6 or parts[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = parts[5].split(":")
+            if (int(inode) == info.st_ino and int(major, 16) == os.major(info.st_dev)
+                    and int(minor, 16) == os.minor(info.st_dev) and int(parts[4]) != os.getpid()):
+                return int(parts[4])
+        except ValueError:
+            continue
+    return None
 
 
 def shown(uri: str) -> str:

@@ -160,7 +160,7 @@ class Tracker:
             os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         name = params.tracking.experiment.format(profile=params.profile)
         check_sqlite_store(self.uri)
-        with store_creation_lock(self.uri):  # parallel first runs on a fresh SQLite store: one creates it
+        with store_creation_lock(self.uri, params.tracking.lock_wait_s):  # parallel first runs on a fresh SQLite store: one creates it
             self.client = self._call(lambda: MlflowClient(tracking_uri=self.uri), "be opened")
             self.experiment_id = self._call(lambda: self._open_experiment(name), "open or create the experiment")
         self.experiment = name

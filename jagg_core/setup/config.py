@@ -390,6 +390,8 @@ class TrackingConfig(Section):
     experiment: str = Field("jagg-{profile}", description="MLflow experiment ('{profile}' is filled in)")
     retries: int = Field(5, ge=0, le=20, description="retries of a failed MLflow call (exponential backoff, at most "
                                                    "20: a store down for longer is buffered or one sentence)")
+    lock_wait_s: Number = Field(120.0, gt=0, le=3600, description="how long a stage waits for the lock another "
+                                "process holds while it opens a SQLite store (mlflow.db.lock), then one sentence")
     ui_url: str = Field("http://127.0.0.1:5000", pattern=r"^https?://\S+$",
                         description="the MLflow UI that links (Prefect artifacts) point to: `jagg services up`'s")
 
