@@ -34,6 +34,12 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
     lay = layout(params, root)
     if out:
         inside(root, out, "--out", kind="dir")
+    else:  # the default folder: a link on its way out of the project is refused before any work, naming no --out
+        default = Path(root) / "exports" / lay.outputs
+        if not default.resolve().is_relative_to(Path(root).resolve()):
+            raise ExportError(f"the default export folder {default} (no --out was given) leads outside the project "
+                              f"through a link ({default.resolve()}); remove the link, or pass --out DIR inside the "
+                              f"project.")
     found = list_checkpoints(lay.checkpoints(run))
     if not found:
         raise ExportError(f"run {run!r} of profile {params.profile!r} has no complete checkpoint under "
@@ -47,7 +53,8 @@ def export(params, run: str, *, step: int | None = None, out=None, root=ROOT):
                               f"{', '.join(str(c.iteration) for c in found)}.")
     dest = root / out if out else root / "exports" / lay.outputs / f"{run}-step{ckpt.iteration}"
     if not dest.resolve().is_relative_to(Path(root).resolve()):
-        raise ExportError(f"--out {out!r} leads outside the project ({dest.resolve()}); pass a folder inside it.")
+        what = f"--out {out!r}" if out else f"the default export folder {dest} (no --out was given)"
+        raise ExportError(f"{what} leads outside the project ({dest.resolve()}); pass a folder inside it.")
     policy = policy_from_params(params, lay, torch.device("cpu"))
     load_trainable_state_dict(policy.transformer, ckpt.tensors())
     card = {"profile": params.profile, "run": run, "iteration": ckpt.iteration, "checkpoint": str(ckpt.path),

@@ -42,3 +42,26 @@ def test_export_removes_what_a_killed_export_left(tmp_path):
 
     export_transformer(Ok(), tmp_path / "out", backbone="flux", card={})
     assert not dead.exists() and alive.exists() and (tmp_path / "out" / "export.json").exists()
+
+
+def test_the_default_export_folder_leading_out_names_it_not_a_none_out(tmp_path):
+    """``exports`` a link out of the project and no ``--out`` given: the sentence said "--out None leads outside the
+    project"; now it names the default folder, says no --out was given, and nothing is written outside."""
+    from conftest import REPO, run_module
+
+    root, outside = tmp_path / "project", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / "params.yaml").write_bytes((REPO / "params.yaml").read_bytes())
+    (root / "exports").symlink_to(outside)
+    out = run_module("tasks.export", "--profile", "ci", "--run", "jagg-s0", root=root, timeout=120)
+    line = _one_sentence_of(out.stderr)
+    assert out.returncode == 1 and "None" not in line, out.stderr[-2000:]
+    assert "the default export folder" in line and "no --out was given" in line, line
+    assert list(outside.iterdir()) == []
+
+
+def _one_sentence_of(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, stderr[-2000:]
+    return lines[0]
