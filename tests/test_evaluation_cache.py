@@ -188,3 +188,34 @@ def test_an_evaluated_run_is_scored_again_only_where_its_images_or_scorer_change
     assert one == [4]
     rows = [json.loads(line) for line in (step.parent / "scores.jsonl").read_text().splitlines()]
     assert rows[0]["weighted_mean"] == rows[1]["weighted_mean"]  # the changed image's score is its new bytes'
+
+
+def test_a_process_that_scored_with_replaced_weights_builds_its_scorer_again(project, tmp_path, monkeypatch):
+    """One process (a flow's evaluations run in it) evaluates, the scorer's weights file is replaced, it evaluates
+    again: the scorer is built again from the new file (the built one is kept per options, which did not change), and
+    the scores are the new weights'."""
+    import json
+
+    from jagg_core.evaluation.evaluate import evaluate_run
+    from jagg_core.setup import registry
+    from jagg_core.setup.params_io import load_params
+    from jagg_core.setup.paths import Layout
+
+    (project / "plugins").mkdir()
+    (project / "plugins/weighted_mean.py").write_text(COUNTED_SCORER)
+    weights = project / "scale.txt"
+    weights.write_text("1.0")
+    monkeypatch.setenv("SCORER_CALLS", str(tmp_path / "calls"))
+    monkeypatch.chdir(project)  # the plugin file is found from the project's folder
+    over = {"plugins": ["plugins/weighted_mean.py"], "eval.metrics": ["weighted_mean"],
+            "reward.options": {"weighted_mean": {"weights": str(weights)}}}
+    try:
+        params, lay = load_params("params.yaml", "ci", over), Layout(project, "ci")
+        first = evaluate_run(params, lay, "base")["metrics"]["weighted_mean"]["benchmark"]
+        (project / "new.txt").write_text("3.0")
+        (project / "new.txt").replace(weights)
+        again = evaluate_run(params, lay, "base")["metrics"]["weighted_mean"]["benchmark"]
+    finally:
+        registry.remove("reward", "weighted_mean")
+    assert again == pytest.approx(3 * first)
+    assert json.loads((project / "eval/ci/base/metrics.json").read_text())["metrics"]["weighted_mean"]["benchmark"] == again

@@ -42,9 +42,10 @@ from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
 from . import EvalError
 from .conventions import evaluation_conventions
-from .score_cache import CACHE_NAME, ScoreCache, image_digests, scorer_key
+from .score_cache import CACHE_NAME, ScoreCache, image_digests, scorer_key, weights_digest
 from .protocols import apply_protocol, hpdv2_test_path, load_hpdv2_test
 from ..rewards import loaded_rewards, make_metric, rewards_off_device
+from ..rewards.base import forget_reward
 from ..world import parse_prompt, render, scene_for_prompt, shown_prompt
 
 __all__ = ["EvalError", "Part", "StepOptions", "test_prompts", "evaluate_ground_truth", "evaluate_run", "evaluate_step"]
@@ -227,6 +228,9 @@ def _generation_of(marker: Path) -> Any:
         return None
 
 
+_BUILT_FROM: dict[tuple[str, str], dict] = {}  # (metric, its options) -> the weights digest it was built from
+
+
 def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence[str]], frames: list[int] | None,
                 progress: bool, part: Part) -> dict[str, dict[str, Any]]:
     """Every metric of ``eval.metrics`` on one step's images (or clips), this process's share gathered: what the
@@ -241,6 +245,12 @@ def _score_step(params: Params, images_dir: Path, prompts: Mapping[str, Sequence
     again = {m for c in chunks for m in needed(*c)}  # the same on every rank: the images and the cache are shared
     shares = [cache.reused(prompts, needed)]
     if again:
+        for name in again:  # a scorer this process built from other weights (replaced since) is built again
+            options = params.reward.options.get(name, {})
+            weights = weights_digest(name, options)
+            if _BUILT_FROM.setdefault((name, repr(options)), weights) != weights:
+                forget_reward(name, options)
+                _BUILT_FROM[(name, repr(options))] = weights
         metrics = {name: make_metric(name, **params.reward.options.get(name, {})) for name in ev.metrics
                    if name in again}
         score = score_image_folder if frames is None else functools.partial(score_clip_folder, frames=frames)

@@ -34,7 +34,7 @@ from .benchmark import IMAGE_FIX, ImageFileError, image_path
 from .clip_layout import frame_path
 from .conventions import evaluation_conventions
 
-__all__ = ["CACHE_NAME", "ScoreCache", "image_digests", "scorer_key"]
+__all__ = ["CACHE_NAME", "ScoreCache", "image_digests", "scorer_key", "weights_digest"]
 
 CACHE_NAME = "score_cache.json"
 _FORMAT = 1
@@ -128,6 +128,13 @@ def _resolved(value: str) -> Path | None:
         return None
 
 
+def weights_digest(name: str, options: Mapping[str, Any]) -> dict[str, str | None]:
+    """``{path or hub id: content digest}`` of what ``name``'s weights are read from with ``options`` (None: not
+    found; the reward says so when it loads)."""
+    located = {v: _resolved(v) for v in _weight_paths(name, dict(options))}
+    return {v: (paths_digest(p) if p is not None else None) for v, p in located.items()}
+
+
 def scorer_key(params, name: str) -> str | None:  # noqa: ANN001 (a pipeline Params)
     """What metric ``name``'s scores of an image depend on, beyond the image and its prompt, as one digest (the
     module docstring); None for a reward whose scores are never reused."""
@@ -135,13 +142,11 @@ def scorer_key(params, name: str) -> str | None:  # noqa: ANN001 (a pipeline Par
     if not spec.reusable:
         return None
     options = dict(params.masked()["reward"]["options"].get(name, {}))
-    raw = dict(params.reward.options.get(name, {}))
-    located = {v: _resolved(v) for v in _weight_paths(name, raw)}
     module = getattr(spec.factory, "__module__", "") or ""
     tree = {
         "name": name,
         "options": {k: v for k, v in options.items() if k not in spec.transport},
-        "weights": {v: (paths_digest(p) if p is not None else None) for v, p in located.items()},
+        "weights": weights_digest(name, params.reward.options.get(name, {})),
         "code": [_code_digest(module), spec.version,
                  *(hashlib.sha256(read_regular(_module_file(m), ValueError)).hexdigest()[:16] for m in _SCORING_CODE)],
         "conventions": evaluation_conventions(params),

@@ -41,6 +41,7 @@ __all__ = [
     "check_metric",
     "check_rewards",
     "checked_scores",
+    "forget_reward",
     "make_metric",
     "make_reward",
     "register_reward",
@@ -182,6 +183,12 @@ def checked_scores(name: str, origin: str, answer: Any, n: int, kind: str = "poi
                           f"a reward's scores must be finite, so jagg stops here as it does for a served reward's "
                           f"NaN{where}.")
     return scores, info
+
+
+def forget_reward(name: str, options: Mapping[str, Any]) -> None:
+    """Drop the reward built with ``options`` from this process, so the next :func:`make_reward` builds it again: its
+    weights changed under it (a file replaced at the same path, evaluation/score_cache.py)."""
+    _BUILT.pop((name, _freeze(options)), None)
 
 
 def loaded_rewards() -> list[RewardFn]:
