@@ -14,7 +14,7 @@ import sys
 
 from jagg_core.setup.config import ParamsError
 
-from .common import add_common_args, cli, load, parse_overrides
+from .common import add_common_args, cli, layout, load, parse_overrides
 
 __all__ = ["main"]
 
@@ -35,9 +35,32 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 < util <= 1:
         raise ParamsError(f"--utilisation {util} must be in (0, 1], e.g. 0.35.")
     params = load(args.profile, args.params, parse_overrides(args.overrides))
-    p = plan(params, utilisation=util)
+    p = plan(params, utilisation=util, given=_given(args), eval_prompts=_eval_prompts(params))
     print(json.dumps(p, indent=1) if args.json else format_plan(p))
     return 0
+
+
+def _given(args: argparse.Namespace) -> str:
+    """What the plan was asked with beyond the profile, for the commands it prints: ``--params`` and each ``--set``
+    (shell-quoted; a secret's value redacted). A command printed without them ran the project's params instead."""
+    import shlex
+
+    from jagg_core.setup.redact import redact
+
+    parts = (["--params", args.params] if args.params else []) + [a for o in args.overrides for a in ("--set", o)]
+    return "".join(" " + shlex.quote(redact(a)) for a in parts)
+
+
+def _eval_prompts(params) -> int | None:  # noqa: ANN001  (Params)
+    """The test set's prompts as the evaluation would read them (eval.protocol, eval.benchmark, eval.subset), or None
+    where they cannot be read here (not downloaded): the plan then counts the protocol's published size."""
+    from jagg_core.errors import UserError
+    from jagg_core.evaluation.evaluate import test_prompts
+
+    try:
+        return sum(len(p) for p in test_prompts(params, layout(params)).values())
+    except (UserError, OSError, ValueError):
+        return None
 
 
 if __name__ == "__main__":

@@ -119,3 +119,44 @@ def test_errors_are_one_sentence(argv, needle, capsys):
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
+
+
+def test_the_printed_commands_carry_the_params_file_and_sets_that_were_planned(tmp_path):
+    """``jagg plan --params mine.yaml`` printed ``jagg run --profile flux-mine`` without ``--params``: as printed it
+    failed (no such profile in params.yaml) or ran another plan; now every command repeats --params and --set."""
+    from conftest import run_module
+
+    (tmp_path / "params.yaml").write_bytes((REPO / "params.yaml").read_bytes())
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "params.yaml").write_text(
+        "extends: ../params.yaml\nprofile: flux-mine\nprofiles:\n  flux-mine:\n    extends: flux\n"
+        "    train: {iterations: 7}\n")
+    out = run_module("tasks.plan", "--params", "mine/params.yaml", "--set", "train.lr=1e-5", root=tmp_path, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    given = "--profile flux-mine --params mine/params.yaml --set train.lr=1e-5"
+    assert f"jagg run {given}\n" in out.stdout and f"jagg train {given} --method <method>" in out.stdout, out.stdout
+
+
+def test_the_text_tokens_follow_max_sequence_length():
+    """The plan counted FLUX's 512 T5 tokens whatever model.options.max_sequence_length said; now the profile's (else
+    the policy's default: SD3's 128 T5 tokens beside CLIP's 77, not 256)."""
+    flux = load_params(REPO / "params.yaml", "flux", {"model.options.max_sequence_length": 128})
+    assert plan(flux)["tokens"] == 45 * 45 + 128  # 720 px: 45 × 45 image tokens
+    assert plan(load_params(REPO / "params.yaml", "flux"))["tokens"] == 45 * 45 + 512
+    assert plan(load_params(REPO / "params.yaml", "sd3"))["tokens"] == 32 * 32 + 77 + 128
+
+
+def test_the_evaluation_counts_the_test_prompts_it_would_read(tmp_path, capsys):
+    """An 8-prompt benchmark (4 styles × 2) was planned as 3,200 images; now the prompts as read (or the published
+    size with eval.subset where the benchmark cannot be read here)."""
+    import json
+
+    from tasks.plan import main
+
+    (tmp_path / "benchmark").mkdir()
+    for style in ("anime", "concept-art", "paintings", "photo"):
+        (tmp_path / "benchmark" / f"{style}.json").write_text(json.dumps([f"a {style} cat", f"a {style} dog"]))
+    assert main(["--profile", "sd3", "--set", f"eval.benchmark={tmp_path}", "--json"]) == 0
+    ev = __import__("json").loads(capsys.readouterr().out)["evaluation"]
+    assert (ev["images"], ev["images_source"]) == (8, "as read")
+    assert plan(load_params(REPO / "params.yaml", "sd3", {"eval.subset": 5}))["evaluation"]["images"] == 20

@@ -20,6 +20,7 @@ floor for the GPU time.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,14 +122,20 @@ def forward_counts(params: Params, method: ResolvedMethod) -> dict[str, float]:
             "monitor_runs": float(runs), "kl_ref_runs": kl_share * train.iterations}
 
 
-def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION) -> dict[str, Any]:
-    """The whole estimate as a dict (see the module docstring)."""
+def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation: float = UTILISATION,
+         given: str = "", eval_prompts: int | None = None) -> dict[str, Any]:
+    """The whole estimate as a dict (see the module docstring). ``given``: the arguments the plan was asked with
+    beyond the profile (``--params FILE``, ``--set K=V``, shell-quoted), repeated in the commands it prints so that
+    they run what was planned; ``eval_prompts``: the test set's prompts as read (else the protocol's published
+    size)."""
     backbone = params.model.backbone
-    arch = backbone_spec(backbone).cost
+    spec = backbone_spec(backbone)
+    arch = spec.cost
     if arch is None:
         planned = [b for b in backbone_names() if backbone_spec(b).cost is not None]
         raise ParamsError(f"jagg plan needs a real backbone ({', '.join(planned)}); profile {params.profile!r} "
                           f"uses {backbone!r}, which runs on a laptop in minutes.")
+    arch = _with_text(arch, {**spec.defaults, **params.model.options})
     shape = _Shape.of(params, arch)
     sample, train, res = params.sample, params.train, params.resources
     n_gpus = res.num_processes * res.num_machines
@@ -145,11 +152,11 @@ def plan(params: Params, *, methods: tuple[str, ...] | None = None, utilisation:
         "gradient_checkpointing": shape.ckpt, "backward_forwards": b, "backward_why": why, "tokens": shape.tokens, "trainable_params": state["trainable"],
         "lora_rank": state["rank"], "images_per_iteration": images, "num_steps": sample.num_steps,
         "iterations": train.iterations, "forward_tflop_per_image_step": f / 1e12, "memory": memory, "methods": rows,
-        "evaluation": _evaluation(params, f, n_gpus, utilisation), "paper": PAPER.get(params.profile),
+        "evaluation": _evaluation(params, f, n_gpus, utilisation, eval_prompts), "paper": PAPER.get(params.profile),
         "notes": _forward_notes(params, rows, n_gpus),
-        "commands": [f"jagg run --profile {params.profile}",
-                     f"jagg train --profile {params.profile} --method <method> --seed 0   # one run",
-                     f"jagg train --profile {params.profile} --method <method> --seed 0 --machine-rank <r> "
+        "commands": [f"jagg run --profile {params.profile}{given}",
+                     f"jagg train --profile {params.profile}{given} --method <method> --seed 0   # one run",
+                     f"jagg train --profile {params.profile}{given} --method <method> --seed 0 --machine-rank <r> "
                      f"--main-process-ip <machine 0>   # one run on resources.num_machines machines (each its r)"],
     }
 
@@ -180,6 +187,17 @@ def _forward_notes(params: Params, rows: list[dict[str, Any]], n_gpus: int) -> l
             "ref fwd: the frozen reference's no-grad forwards per image; " + ref,
             "diag PFLOP: beside the update, amortised over the run: the train/kl_ref diagnostic and the fidelity "
             f"monitor ({monitor})"]
+
+
+def _with_text(arch: Architecture, opts: dict[str, Any]) -> Architecture:
+    """``arch`` with the text tokens the policy encodes: padded to ``max_sequence_length`` (the profile's, else the
+    policy's default) plus a fixed part, or an unpadded prompt's length at most that (it counted 512 T5 tokens
+    whatever max_sequence_length said)."""
+    length = opts.get("max_sequence_length")
+    if length is None:
+        return arch
+    text = arch.text_fixed + int(length) if arch.text_fixed is not None else min(arch.text_tokens, int(length))
+    return dataclasses.replace(arch, text_tokens=text)
 
 
 @dataclass(frozen=True)
@@ -268,11 +286,23 @@ def _method_rows(params: Params, names: tuple[str, ...], *, f: float, b: float, 
     return rows
 
 
-def _evaluation(params: Params, f: float, n_gpus: int, utilisation: float) -> dict[str, float]:
-    """The benchmark's prompts (HPDv2: 4 styles × 800) at eval.num_steps, per checkpoint evaluated."""
-    eval_images = 3200
+# The test sets' published sizes (jagg_core/evaluation/protocols.py): groups × prompts per group.
+PUBLISHED_EVAL = {"hpdv2-benchmark": (4, 800), "hpdv2-test": (1, 400)}
+
+
+def _evaluation(params: Params, f: float, n_gpus: int, utilisation: float,
+                prompts: int | None = None) -> dict[str, Any]:
+    """The test set's prompts (as read, else the protocol's published size, eval.subset applied) at eval.num_steps,
+    per checkpoint evaluated: one image each."""
+    if prompts is not None:
+        eval_images, source = prompts, "as read"
+    else:
+        groups, per = PUBLISHED_EVAL[params.eval.protocol]
+        eval_images = groups * min(per, params.eval.subset or per)
+        source = "published size, not read here"
     eval_flops = eval_images * params.eval.num_steps * f
-    evaluation = {"images": eval_images, "steps": params.eval.num_steps, "pflop": eval_flops / 1e15}
+    evaluation = {"images": eval_images, "images_source": source, "steps": params.eval.num_steps,
+                  "pflop": eval_flops / 1e15}
     for gpu, spec in GPUS.items():
         evaluation[f"{gpu}_s"] = eval_flops / (n_gpus * spec["peak_tflops"] * 1e12 * utilisation)
     return evaluation
@@ -315,7 +345,8 @@ def format_plan(p: dict[str, Any]) -> str:
     ev = p["evaluation"]
     lines += [
         "",
-        f"  evaluation per checkpoint: {ev['images']} benchmark {'images' if p.get('frames', 1) == 1 else 'clips'} × "
+        f"  evaluation per checkpoint: {ev['images']:,} test prompts' {'images' if p.get('frames', 1) == 1 else 'clips'}"
+        f"{' (' + ev['images_source'] + ')' if ev.get('images_source') else ''} × "
         f"{ev['steps']} steps = {ev['pflop']:.0f} PFLOP, {ev['H100_s'] / 60:.1f} min on {p['gpus']} H100"
         + ("" if p.get("frames", 1) == 1 else " (scored as frame-averaged image scores, docs/video.md)"),
         f"  times assume {p['utilisation']:.0%} of the dense bf16 peak ({GPUS['H100']['peak_tflops']:.0f} TFLOPS per "

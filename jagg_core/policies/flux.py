@@ -39,8 +39,8 @@ OPTIONS = {**DIFFUSERS_COMMON, "shift": (Union[Shift, None], None)}
 # jagg plan's arithmetic: the published architecture
 COST = CostFacts(
     "FLUX.1-dev", 11.9e9, 57, 3072, 16, 512, 4.76e9 + 0.12e9 + 0.08e9,
-    "19 double-stream + 38 single-stream blocks of width 3072; VAE ×8 and 2×2 patches; T5 padded to 512 "
-    "tokens; T5-XXL 4.76 B + CLIP-L 0.12 B + VAE 0.08 B frozen")
+    "19 double-stream + 38 single-stream blocks of width 3072; VAE ×8 and 2×2 patches; T5 padded to "
+    "max_sequence_length tokens (512); T5-XXL 4.76 B + CLIP-L 0.12 B + VAE 0.08 B frozen", text_fixed=0)
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:

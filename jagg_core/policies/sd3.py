@@ -40,8 +40,8 @@ OPTIONS = {**DIFFUSERS_COMMON, "negative_prompt": (str, None)}
 # jagg plan's arithmetic: the published architecture
 COST = CostFacts(
     "SD3.5 Medium", 2.5e9, 24, 1536, 16, 333, 4.76e9 + 0.82e9 + 0.08e9,
-    "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + 256 T5 tokens; T5-XXL 4.76 B + "
-    "CLIP-L/G 0.82 B + VAE 0.08 B frozen", true_cfg=True)
+    "24 MMDiT-X blocks of width 1536; VAE ×8 and 2×2 patches; 77 CLIP + max_sequence_length T5 tokens (128, as "
+    "Flow-GRPO); T5-XXL 4.76 B + CLIP-L/G 0.82 B + VAE 0.08 B frozen", true_cfg=True, text_fixed=77)
 
 
 @diffusers_backbone("sd3", options=OPTIONS, cost=COST, stand_in=build_sd3)

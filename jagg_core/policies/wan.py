@@ -55,9 +55,10 @@ OPTIONS = {**DIFFUSERS_COMMON, "negative_prompt": (str, None), "num_frames": (Fr
 # jagg plan's arithmetic: the published architecture
 COST = CostFacts(
     "Wan2.1-T2V-1.3B", 1.42e9, 30, 1536, 16, 512, 5.7e9 + 0.13e9,
-    "30 blocks of width 1536 (self-attention over the clip's tokens, cross-attention to 512 UMT5 tokens, FFN "
+    "30 blocks of width 1536 (self-attention over the clip's tokens, cross-attention to max_sequence_length "
+    "UMT5 tokens (512), FFN "
     "8960); VAE ×8 in space, ×4 in time, and 1×2×2 patches; UMT5-XXL encoder 5.7 B + VAE 0.13 B frozen",
-    frames_per_latent=4, cross_attention=True, true_cfg=True)
+    frames_per_latent=4, cross_attention=True, true_cfg=True, text_fixed=0)
 
 
 def _check_frames(num_frames: Any, temporal: int) -> None:

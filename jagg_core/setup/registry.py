@@ -61,6 +61,9 @@ class CostFacts:
     frames_per_latent: int = 0  # video: the VAE's temporal compression (F' = (F − 1) / it + 1); 0: an image model
     cross_attention: bool = False  # text by cross-attention (Wan), not in the joint sequence
     true_cfg: bool = False  # guidance_scale > 1 runs the conditional and unconditional halves: 2 forwards a step
+    # text padded to model.options.max_sequence_length: the text tokens are this many (CLIP's 77) + that length, the
+    # profile's or the policy's default (None: text_tokens, an unpadded prompt's length, at most that length)
+    text_fixed: int | None = None
 
 
 @dataclass(frozen=True)
