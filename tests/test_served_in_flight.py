@@ -81,6 +81,35 @@ def test_a_request_that_fails_among_several_in_flight_is_the_same_one_sentence()
     assert "\n" not in text and text.endswith(".") and "refused the request with HTTP 422" in text, text
 
 
+class _FailingHandler(SERVER.Handler):
+    """Refuses the request whose first prompt is "first" after 0.5 s and the one whose first prompt is "fifth" at
+    once; scores the others."""
+
+    def do_POST(self) -> None:  # noqa: N802
+        import json
+
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        which = body["prompts"][0]
+        if which in ("first", "fifth"):
+            time.sleep(0.5 if which == "first" else 0.0)
+            self._answer(422, {"error": f"the {which} request is refused"})
+        else:
+            self._answer(200, {"scores": [0.5] * len(body["prompts"])})
+
+
+def test_the_first_failure_in_batch_order_is_the_sentence_whichever_fails_first():
+    """docs/rewards_served.md: "The first failure in batch order is the one sentence". The fifth request failing at
+    once while the first, slower, was still in flight raised the fifth's; now the first's."""
+    server = SERVER.RewardServer("127.0.0.1", 0)
+    server.RequestHandlerClass = _FailingHandler
+    prompts = [p for p in ("first", "b", "c", "d", "fifth", "f") for _ in range(2)]
+    with _serving(server) as srv:
+        with pytest.raises(ServedRewardError) as e:
+            make_reward("served", url=f"http://127.0.0.1:{srv.server_address[1]}/score", batch_size=2,
+                        max_in_flight=6, retries=0)(_images(12), prompts, [{}] * 12)
+    assert "the first request is refused" in str(e.value), str(e.value)
+
+
 def test_a_rollouts_parts_are_scored_while_it_samples_the_same_bits_as_after_it():
     """Each part's requests are sent as soon as the part is added (the server has them before the next part comes),
     and the total equals scoring the whole batch after sampling, bit for bit."""

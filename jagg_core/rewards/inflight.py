@@ -58,11 +58,14 @@ def answers(futures: Sequence[concurrent.futures.Future]) -> list[Any]:
     cancelled and the first failure in the calls' order among those that failed is raised. Each call must end in
     bounded time by itself (a served request has its deadline and a bounded number of retries): this waits for them."""
     concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
-    error = failure(futures)
-    if error is not None:
+    if failure(futures) is not None:
         for f in futures:
             f.cancel()
-        raise error
+        # The calls already running before the failed one may fail too: the first failure in the calls' order is
+        # known once they end (the fifth request's failure was raised while the first's, slower, was in flight).
+        first = next(i for i, f in enumerate(futures) if f.done() and not f.cancelled() and f.exception())
+        concurrent.futures.wait([f for f in futures[:first] if not f.cancelled()])
+        raise failure(futures)
     return [f.result() for f in futures]
 
 
