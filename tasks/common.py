@@ -59,7 +59,26 @@ USER_ERRORS = _user_errors()
 def load(profile: str | None = None, params_path: str | os.PathLike | None = None,
          overrides: dict[str, Any] | None = None) -> Params:
     """The validated params of ``profile`` (loaded once per entrypoint)."""
+    if params_path is None:
+        root_pipeline_current(profile)
     return load_params(params_path or ROOT / "params.yaml", profile, overrides, root=ROOT)
+
+
+def root_pipeline_current(profile: str | None) -> None:
+    """A stage DVC runs from the repository's ``dvc.yaml`` (``DVC_STAGE`` names a stage of it: no file part) is of
+    the profile that pipeline was written for, ``--profile`` in its command; after ``profile:`` changed in params.yaml
+    that is not the active one any more, and a bare ``dvc repro`` ran the old profile without a word: one sentence,
+    before anything is written."""
+    stage = os.environ.get("DVC_STAGE", "")
+    if not stage or ":" in stage or not profile:
+        return
+    from .dvc_pipelines import _raw, active_profile
+
+    active = active_profile(_raw(ROOT / "params.yaml"))
+    if profile != active:
+        raise ParamsError(f"dvc.yaml was written for profile {profile!r}, but params.yaml's profile is now "
+                          f"{active!r}; run `make pipelines` (python -m tasks.dvc_pipelines) to write {active!r}'s "
+                          f"pipeline at the root and move {profile!r}'s to pipelines/{profile}/, then dvc repro again.")
 
 
 def layout(params: Params, root: Path | None = None) -> Layout:

@@ -336,3 +336,26 @@ def test_every_params_key_a_stage_lists_is_in_params_yaml(tmp_path, monkeypatch)
                 except KeyError:
                     missing.append(f"{stage.addressing}: {key}")
     assert len(deps) > 300 and missing == [], missing[:10]
+
+
+def test_a_bare_dvc_repro_of_a_root_pipeline_written_for_another_profile_is_one_sentence(tmp_path):
+    """params.yaml's ``profile:`` changed (toy → ci) and ``make pipelines`` not run: a bare ``dvc repro`` ran toy's
+    stages without a word (``make repro`` checks, ``dvc repro`` did not); now the root pipeline's first stage, run by
+    DVC itself, is one sentence naming both profiles and `make pipelines`, rc 1, nothing written."""
+    root = _dvc_project(tmp_path)
+    text = (root / "params.yaml").read_text()
+    (root / "params.yaml").write_text(re.sub(r"^profile: toy\b", "profile: ci", text, count=1, flags=re.M))
+    # the root pipeline's first stage as written, its dependencies left out (this project holds no code to hash)
+    prepare = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]["prepare"]
+    assert prepare["cmd"] == "python -m tasks.prepare --profile toy"
+    (root / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"prepare": {"cmd": prepare["cmd"],
+                                                                         "outs": prepare["outs"]}}}))
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1", "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+           "PYTHONPATH": str(REPO), "JAGG_ROOT": str(root)}
+    out = subprocess.run([str(BIN / "dvc"), "repro", "prepare"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0
+    said = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("jagg: error:")]
+    assert len(said) == 1 and "written for profile 'toy', but params.yaml's profile is now 'ci'" in said[0], said
+    assert "make pipelines" in said[0]
+    assert not (root / "data").exists()  # nothing prepared
