@@ -466,10 +466,22 @@ def worker(api: str, pool: str, name: str | None, queues: list[str] | None = Non
                            f"services`: two workers of one name become one Prefect worker sharing one log, so give "
                            f"another --name (a worker that stopped is offline {3 * every} s after its last heartbeat).")
     before = (other or {}).get("last_heartbeat_time")
-    pids[key] = _spawn(key, _worker_cmd(pool, name, queues, limit), _env(api))
+    pids[key] = _spawn(key, _worker_cmd(pool, name, queues, limit), {**_env(api), **_links()})
     _write_pids(pids, _host_file())
     _wait_worker(api, pool, name, pids[key], f"{key}.log", before)
     return name
+
+
+def _links() -> dict[str, str]:
+    """The advertised UIs `jagg services up` recorded in pids.json, for a worker started apart from it (the head's
+    worker restarted as docs/scaling.md says): its flow-run links and its sweeps' reports' MLflow links (a restarted
+    worker's reports linked to tracking.ui_url's 127.0.0.1:5000, neither the head nor --mlflow-port). {} when `up`
+    recorded none."""
+    urls = _load().get("urls")
+    if not isinstance(urls, dict):
+        return {}
+    env = {"mlflow_ui": MLFLOW_UI_ENV, "prefect_ui": "PREFECT_UI_URL"}
+    return {env[k]: v for k, v in urls.items() if k in env and isinstance(v, str) and v.startswith("http")}
 
 
 def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None,
@@ -479,14 +491,14 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
     # The UI's pages call the API at PREFECT_UI_API_URL: this server's port, at the address other machines reach.
     pids = {"server": _spawn("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", host, "--port",
                                                  str(prefect_port)], envs["server"])}
-    _write_pids(pids)
+    _write_pids(pids, urls=urls)
     _wait_http(f"{api}/health", 90, "the Prefect server")
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     crash_automation(api, crash_after)
     before = _heartbeat(api, pool, worker_name) if worker_name else None
     pids["worker"] = _spawn("prefect-worker", _worker_cmd(pool, worker_name, queues, limit), env)
-    _write_pids(pids)
+    _write_pids(pids, urls=urls)
     if worker_name:  # (a worker Prefect names itself is checked by the deployment runs it takes)
         _wait_worker(api, pool, worker_name, pids["worker"], "prefect-worker.log", before)
     shown = {k: v for k, v in urls.items() if not k.startswith("local")}
@@ -495,15 +507,17 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
         store = resolve_uri(load().tracking.mlflow_uri, ROOT)
         pids["mlflow"] = _spawn("mlflow", [str(BIN / "mlflow"), "server", "--host", host, "--port", str(mlflow_port),
                                            "--backend-store-uri", store, "--workers", "1"], env)
-        _write_pids(pids)
+        _write_pids(pids, urls=urls)
         _wait_http(f"{urls['local_mlflow']}/health", 120, "the MLflow server")  # a sweep logs to it at once
-    _write_pids(pids)
+    _write_pids(pids, urls=urls)
     return shown
 
 
-def _write_pids(pids: dict[str, int], f: Path | None = None) -> None:
+def _write_pids(pids: dict[str, int], f: Path | None = None, urls: dict[str, str] | None = None) -> None:
     records: dict[str, Any] = {k: _record(v) for k, v in pids.items()}
     records["host"] = socket.gethostname()  # a pid means something on its own host only (.services/ may be shared)
+    if urls:  # the advertised UIs, for a worker started later (:func:`_links`)
+        records["urls"] = {k: v for k, v in urls.items() if k in ("mlflow_ui", "prefect_ui")}
     atomic_write_text(f or STATE / "pids.json", json.dumps(records))
 
 

@@ -298,3 +298,19 @@ def test_the_prefect_ui_of_a_server_bound_to_every_interface_calls_the_advertise
     finally:
         services.down()
     assert settings["api_url"] == f"http://head-1:{port}/api", settings
+
+
+def test_a_worker_restarted_as_the_docs_say_links_to_the_advertised_uis(state, up_parts, monkeypatch):
+    """docs/scaling.md, "Restarting only the head's worker": `jagg services worker --api http://head:4200/api --name
+    head-2 --queue default` on the head. Before: that worker had no JAGG_MLFLOW_UI_URL, so its sweeps' reports
+    linked to tracking.ui_url's 127.0.0.1:5000 (neither the head nor --mlflow-port). After: it gets the UIs `up`
+    recorded in pids.json, as `up`'s own worker does."""
+    spawns, _ = up_parts
+    assert services.main(["up", "--host", "0.0.0.0", "--prefect-port", "4210", "--mlflow-port", "5001"]) == 0
+    monkeypatch.setattr(services, "_registered", lambda api, pool, name: None)  # no worker of that name online
+    monkeypatch.setattr(services, "_wait_worker", lambda *a: None)
+    assert services.worker("http://head-1:4210/api", "jagg", "head-2", ["default"]) == "head-2"
+    env = spawns["worker-head-2"]["env"]
+    assert env["JAGG_MLFLOW_UI_URL"] == "http://head-1:5001" and env["PREFECT_UI_URL"] == "http://head-1:4210"
+    assert env["PREFECT_API_URL"] == "http://head-1:4210/api"
+    services.down()
