@@ -9,11 +9,11 @@ killed evaluation resumes: the images already written are not generated again.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from jagg_core.setup.config import Params, ParamsError
+from jagg_core.setup.json_read import read_json
 from jagg_core.setup.paths import Layout, parse_run_name
 from jagg_core.trainer.fingerprint import run_fingerprint
 
@@ -24,7 +24,7 @@ from jagg_core.pipeline.tracking import Tracker
 from jagg_core.setup.registry import backbone_spec
 from jagg_core.evaluation import EvalError
 from jagg_core.evaluation.conventions import evaluation_conventions, split_named
-from jagg_core.setup.storage import read_score_records, read_text
+from jagg_core.setup.storage import read_score_records
 
 
 def evaluate(params: Params, lay: Layout, run: str, *, sweep: str = DEFAULT_SWEEP) -> dict:
@@ -155,7 +155,7 @@ def _evaluate_in_processes(params: Params, lay: Layout, run: str, log) -> dict: 
     if rc != 0:
         raise EvalError(f"evaluating {run} failed: " +
                         (user_error(tail) or f"exit status {rc}; last output: {tail[-1] if tail else ''}"))
-    return json.loads(read_text(lay.eval_dir(run) / "metrics.json", EvalError, fix=f"evaluate {run} again"))
+    return read_json(lay.eval_dir(run) / "metrics.json", EvalError, fix=f"evaluate {run} again")
 
 
 def _worker(params: Params, lay: Layout, run: str) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from jagg_core.setup.config import Params
+from jagg_core.setup.json_read import read_json
 from jagg_core.setup.paths import Layout
 from jagg_core.errors import UserError
 from jagg_core.setup.storage import (atomic_write_text, copy_tree, file_sha256, read_regular, read_text, replace_dir,
@@ -27,7 +28,7 @@ def _read_card(card_path: Path) -> dict | None:
     """A base model's ``card.json``, read bounded and regular (a FIFO there hung `jagg pretrain`); None where it
     cannot be read or is not a mapping: no card, so the base model is made again (and its card rewritten whole)."""
     try:
-        card = json.loads(read_regular(card_path, ValueError, limit=1 << 20).decode("utf-8"))
+        card = read_json(card_path, ValueError, limit=1 << 20)
     except ValueError:  # missing, not a regular file, too large, not UTF-8, not JSON
         return None
     return card if isinstance(card, dict) else None

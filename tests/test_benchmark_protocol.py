@@ -78,11 +78,11 @@ def test_missing_benchmark_errors_word_for_word(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("[\"a\", ", "is not valid JSON (Expecting value at line 1)."),
+        ("[\"a\", ", "is not valid JSON (Expecting value at line 1, column 7)."),
         ('{"a": 1}', "must hold a non-empty JSON list of prompt strings."),
         ("[]", "must hold a non-empty JSON list of prompt strings."),
         ('["a", 3]', "must hold a non-empty JSON list of prompt strings."),
-        (b"\xff\xfe[]", "is not UTF-8 text."),
+        (b"\xff\xfe[]", "is not UTF-8 text (byte 0)."),
     ],
 )
 def test_bad_prompt_files(tmp_path, content, message):

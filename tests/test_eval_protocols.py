@@ -74,11 +74,11 @@ def test_test_list_from_a_folder_or_either_hf_mirror(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("content, message", [
-    ("[", "is not valid JSON (Expecting value at line 1)."),
+    ("[", "is not valid JSON (Expecting value at line 1, column 2)."),
     ("[]", 'must hold a non-empty JSON list of objects with a "prompt" string, as HPDv2\'s test.json.'),
     ('[{"prompt": "a"}, {"image_path": []}]',
      'must hold a non-empty JSON list of objects with a "prompt" string, as HPDv2\'s test.json (entry 1 has none).'),
-    (b"\xff[]", "is not UTF-8 text."),
+    (b"\xff[]", "is not UTF-8 text (byte 0)."),
 ])
 def test_bad_test_lists_are_one_sentence(tmp_path, content, message):
     path = tmp_path / "test.json"

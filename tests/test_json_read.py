@@ -71,14 +71,7 @@ EXCEPTIONS = {
     "tasks/services.py": (2, "the Prefect server's HTTP answers on this host, not a file"),
     "jagg_core/bench/memory.py": (2, "the child process's own result line and its argv, which the parent wrote"),
     # to go through the reader: uncommitted edits of other sessions in these files (issue 71, item 6)
-    "jagg_core/setup/storage.py": (4, "pending: the storage door's own edits (issue 71, items 1-2)"),
-    "jagg_core/evaluation/score_cache.py": (1, "pending: issue 70's edits"),
-    "jagg_core/evaluation/evaluate.py": (1, "pending: issue 70's edits"),
     "jagg_core/pipeline/report.py": (2, "pending: the report's edits"),
-    "jagg_core/trainer/checkpoint.py": (2, "pending: the storage door's edits"),
-    "jagg_core/trainer/session.py": (2, "pending: its edits; strings of params MLflow holds, not a file"),
-    "tasks/pretrain.py": (1, "pending: the storage door's edits"),
-    "tasks/evaluate.py": (1, "pending: issue 70's edits"),
 }
 
 

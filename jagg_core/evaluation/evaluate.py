@@ -30,13 +30,14 @@ import torch
 
 from ..build import pick_device, policy_from_params
 from ..setup.config import Params
+from ..setup.json_read import read_json
 from ..setup.paths import Layout, held
 from ..policies.lora import load_trainable_state_dict
 from ..trainer.checkpoint import Checkpoint, list_checkpoints
 from ..trainer.distributed import gather_objects
 from ..setup.metric_logger import MetricLogger, NullLogger
 from ..sampling import derive_seed, sample_images, to_uint8
-from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest, read_regular
+from ..setup.storage import atomic_write_bytes, atomic_write_text, base_model_digest
 from .benchmark import (image_path, load_hps_benchmark, merge_score_parts, score_image_folder, score_records,
                         summarize_scores)
 from .clips import clip_complete, clip_frames, save_clip, score_clip_folder
@@ -223,7 +224,7 @@ def _generation_of(marker: Path) -> Any:
     hung the evaluation, a file cut short was a JSONDecodeError traceback): images no marker vouches for are made
     again, and the marker is rewritten (replacing what was there)."""
     try:
-        return json.loads(read_regular(marker, ValueError, limit=1 << 20).decode("utf-8"))
+        return read_json(marker, ValueError, limit=1 << 20)
     except ValueError:  # unreadable, not UTF-8, not JSON (read_regular's sentences are ValueErrors here)
         return None
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..setup.registry import reward_spec
+from ..setup.json_read import read_json
 from ..setup.storage import atomic_write_text, open_regular, paths_digest, read_regular
 from .benchmark import IMAGE_FIX, ImageFileError, image_path
 from .clip_layout import frame_path
@@ -184,7 +185,7 @@ class ScoreCache:
         if not (self.path.exists() or self.path.is_symlink()):
             return {}
         try:
-            old = json.loads(read_regular(self.path, ValueError, limit=1 << 28).decode("utf-8"))
+            old = read_json(self.path, ValueError, limit=1 << 28)
         except ValueError:  # unreadable, not UTF-8, not JSON: nothing is reused, the file is rewritten
             return {}
         ok = (isinstance(old, dict) and old.get("format") == _FORMAT and isinstance(old.get("metrics"), dict)

@@ -19,6 +19,13 @@ from typing import Any, Iterator, Sequence
 from ..errors import UserError
 from .paths import held
 
+
+def _parse_json(data: bytes | str, error: type[Exception], where: str, *, fix: str = "") -> Any:
+    """:func:`jagg_core.setup.json_read.parse_json` (which reads files through this module: imported when called)."""
+    from .json_read import parse_json
+
+    return parse_json(data, error, where, fix=fix)
+
 __all__ = [
     "FolderLock",
     "MAX_READ_BYTES",
@@ -414,9 +421,9 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
             continue
         if path.suffix == ".jsonl":
             try:
-                obj = json.loads(line)
+                obj = _parse_json(line, ValueError, f"{path}:{n}")
                 prompt = obj["prompt"] if isinstance(obj, dict) else None
-            except (json.JSONDecodeError, KeyError):
+            except (ValueError, KeyError):
                 prompt = None
             if not isinstance(prompt, str):
                 raise PromptFileError(f"{path}:{n} is not a JSON object with a string 'prompt'; fix or regenerate it.")
@@ -448,12 +455,7 @@ def write_prompts_jsonl(path: str | os.PathLike, prompts: Sequence[str]) -> None
 def read_prompt_json(path: str | os.PathLike) -> Any:
     """A prompt file's JSON (a benchmark style file, a test list), or one :class:`PromptFileError` sentence."""
     path = Path(path)
-    try:
-        return json.loads(read_regular(path, PromptFileError, fix="put the prompt file back").decode("utf-8"))
-    except json.JSONDecodeError as e:
-        raise PromptFileError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-    except UnicodeDecodeError:
-        raise PromptFileError(f"{path} is not UTF-8 text.") from None
+    return _parse_json(read_regular(path, PromptFileError, fix="put the prompt file back"), PromptFileError, str(path))
 
 
 def read_prompt_list(path: str | os.PathLike) -> list[str]:
@@ -482,7 +484,7 @@ def _file_content_sha256(path: Path) -> str:
     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # ctime: no one sets it back
     cache = _digest_cache(path)
     try:
-        known = json.loads(cache.read_text())
+        known = _parse_json(read_regular(cache, ValueError, limit=1 << 12), ValueError, str(cache))
         if known.get("key") == key and isinstance(known.get("sha256"), str):
             return known["sha256"]
     except (OSError, ValueError, AttributeError):
@@ -569,7 +571,7 @@ def json_lines(text: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield n, json.loads(line)
+            yield n, _parse_json(line, ValueError, f"line {n}")
         except ValueError:
             yield n, None
 

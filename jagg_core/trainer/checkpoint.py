@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import UserError
 from ..setup.faults import fault
+from ..setup.json_read import read_json
 from ..setup.storage import (atomic_write_bytes, atomic_write_text, move, open_regular, read_regular, replace_dir,
                              temp_dir)
 from ..setup.storage import file_sha256 as storage_sha256
@@ -77,7 +78,7 @@ class Checkpoint:
         sentence in the worker, not a traceback that its launcher would take for a died process and retry."""
         f = self.path / "state.json"
         try:
-            state = json.loads(read_regular(f, ValueError, limit=MAX_MANIFEST_BYTES).decode("utf-8"))
+            state = read_json(f, ValueError, limit=MAX_MANIFEST_BYTES)
         except (ValueError, OSError) as e:
             raise CheckpointError(f"{f} cannot be read as JSON ({type(e).__name__}); the checkpoint is damaged: move "
                                   f"{self.path.name} aside to resume from the one before it.") from None
@@ -227,7 +228,7 @@ def verify_checkpoint(path: Path, part: tuple[int, int] = (0, 1)) -> str | None:
     if mf.is_symlink() or not mf.is_file():
         return "manifest.json is not a regular file"
     try:  # bounded before it is read (a 2 GB sparse manifest was read whole, then cut): the project's one reader
-        manifest = json.loads(read_regular(mf, ValueError, limit=MAX_MANIFEST_BYTES).decode("utf-8"))
+        manifest = read_json(mf, ValueError, limit=MAX_MANIFEST_BYTES)
     except ValueError as e:  # too large, not a regular file, not UTF-8, not JSON
         return f"unreadable manifest ({' '.join(str(e).split())[:200]})"
     if not isinstance(manifest, dict) or not manifest:

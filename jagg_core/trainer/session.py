@@ -21,6 +21,7 @@ import torch
 
 from ..build import pick_device, policy_from_params, reward_from_params
 from ..setup.config import Params, ResolvedMethod
+from ..setup.json_read import parse_json
 from ..setup.paths import Layout, run_name
 from ..setup.redact import flatten
 from ..setup.storage import move, read_prompts
@@ -205,7 +206,8 @@ def _agree(r: RunState) -> None:
     every = gather_object([mine])
     for rank, (params, restart, _) in enumerate(every):
         if params != every[0][0] or restart != every[0][1]:
-            a, b = flatten(json.loads(every[0][0])), flatten(json.loads(params))
+            a = flatten(parse_json(every[0][0], TrainingError, "process 0's params"))
+            b = flatten(parse_json(params, TrainingError, f"process {rank}'s params"))
             diffs = [f"{k} {a.get(k)!r} → {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
             what = ", ".join(diffs[:3]) if diffs else f"--restart {'given' if restart else 'not given'}"
             raise TrainingError(f"process {rank} was started with other settings than process 0 ({what}); start "
