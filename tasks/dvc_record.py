@@ -17,8 +17,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from jagg_core.setup.config import ParamsError
+from jagg_core.setup.params_io import load_params
+from jagg_core.setup.storage import read_text
+
 from .common import ROOT
-from .dvc_pipelines import _raw, pipeline_path, stale
+from .dvc_pipelines import TEMPLATE, _raw, pipeline_path, pipeline_text
+
+
+def _written_text(root: Path, raw: dict[str, Any], profile: str) -> str:
+    """The pipeline `make pipelines` writes for ``profile`` now (that profile's alone: all of them take seconds)."""
+    params = load_params(root / "params.yaml", profile, root=root)
+    template = read_text(root / TEMPLATE, ParamsError)
+    return pipeline_text(template, raw, profile, params.secret_options(), params.marked_secrets())
 
 __all__ = ["record_in_dvc"]
 
@@ -32,8 +43,13 @@ def record_in_dvc(profile: str, *, overrides: dict[str, Any] | None, params_file
         return "DVC's record left as it is: the pipelines read params.yaml, and this flow run another params file."
     if not (root / ".dvc").is_dir():
         return "DVC's record left as it is: the project has no .dvc folder (`dvc init`)."
-    target = pipeline_path(_raw(root / "params.yaml"), profile)
-    if not (root / target).is_file() or str(target) in stale(root):  # its stages are not the flow's
+    try:
+        raw = _raw(root / "params.yaml")
+        target = pipeline_path(raw, profile)
+        current = (root / target).is_file() and read_text(root / target, ParamsError) == _written_text(root, raw, profile)
+    except ParamsError as e:  # what `make pipelines` would say too
+        return f"DVC's record left as it is: {e}"
+    if not current:
         return f"DVC's record left as it is: {target} is not the pipeline params.yaml makes; run `make pipelines`."
     # DVC of this environment (sys.executable's), as `make repro` runs it
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
