@@ -237,5 +237,6 @@ def test_score_image_folder_missing_image_word_for_word(tmp_path):
     assert calls == []  # checked before any model runs
     image_path(tmp_path, "photo", 1).write_bytes(b"not a jpeg")
     image_path(tmp_path, "photo", 2).write_bytes(b"not a jpeg")
-    with pytest.raises(ValueError, match=f"^image {re.escape(str(image_path(tmp_path, 'photo', 1)))} cannot be read"):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(image_path(tmp_path, 'photo', 1)))} is not a readable image "
+                                         r"\(not a format PIL knows\); remove it"):
         score_image_folder(tmp_path, prompts, {"m": brightness})

@@ -265,17 +265,18 @@ def check_toy_flux_dir(path: str | None) -> Path:
     world=True,  # the embedded default: prompts from the world, its base model from `jagg pretrain`
 )
 def load_toy_flux(path: str | None, *, device: torch.device, dtype: torch.dtype, options: Mapping[str, Any]):
-    from diffusers import FluxTransformer2DModel
-    from transformers import CLIPTextModel, PreTrainedTokenizerFast
-
     folder = check_toy_flux_dir(path)
-    # bounded and regular (a FIFO there hung `jagg evaluate`); a damaged file is one sentence
+    # bounded and regular (a FIFO there hung `jagg evaluate`); a damaged file is one sentence, before the seconds
+    # of diffusers' and transformers' imports
     geometry = read_json(folder / "toy_flux.json", PolicyError, limit=1 << 20, fix=_REBUILD)
     if not isinstance(geometry, dict):
         raise PolicyError(f"{folder / 'toy_flux.json'} is not a JSON object; {_REBUILD}.")
     unknown = set(options) - {"lora", "guidance_scale"}
     if unknown:
         raise PolicyError(f"unknown toy-flux option(s) {sorted(unknown)}; toy-flux takes lora and guidance_scale.")
+    from diffusers import FluxTransformer2DModel
+    from transformers import CLIPTextModel, PreTrainedTokenizerFast
+
     if "guidance_scale" in options:
         geometry["guidance_scale"] = float(options["guidance_scale"])
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder / "tokenizer")

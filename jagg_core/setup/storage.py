@@ -400,7 +400,9 @@ def open_image(path: str | os.PathLike, error: type[Exception], *, max_pixels: i
                 return im.convert("RGB")
     except Image.DecompressionBombError:
         raise error(f"{path} declares more pixels than PIL decodes, {too_many}.") from None
-    except (OSError, ValueError, SyntaxError, EOFError) as e:  # not an image, truncated, damaged
+    except Image.UnidentifiedImageError:  # its message names the in-memory buffer, not the file
+        raise error(f"{path} is not a readable image (not a format PIL knows){tail}.") from None
+    except (OSError, ValueError, SyntaxError, EOFError) as e:  # truncated, damaged
         raise error(f"{path} is not a readable image ({type(e).__name__}: {str(e)[:200]}){tail}.") from None
     raise error(f"{path} declares {w} x {h} pixels, {too_many}.")
 
