@@ -69,6 +69,9 @@ __all__ = [
 
 Velocity = Callable[[int], torch.Tensor]
 StepLoss = Callable[[int, torch.Tensor], "torch.Tensor | tuple[torch.Tensor, Mapping[str, torch.Tensor | float]]"]
+MiddleVelocity = Callable[[int], "torch.Tensor | None"]  # j -> the rollout's v_j, or None (a no-grad forward)
+VelocityBatch = Callable[[Sequence[int]], Sequence[torch.Tensor]]  # [j, ...] -> [v_j, ...] in one policy call
+VelocityRows = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows, js) -> each row at its own step
 
 
 def group_timesteps(t: torch.Tensor | Sequence[float]) -> torch.Tensor:
@@ -375,9 +378,9 @@ def group_backward(
     estimator: Estimator | None = None,
     generator: torch.Generator | None = None,
     draw: int | torch.Tensor | None = None,
-    middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
-    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
-    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    middle_velocity: MiddleVelocity | None = None,
+    velocity_batch: VelocityBatch | None = None,
+    velocity_rows: VelocityRows | None = None,
     before_backward: Callable[[bool], None] | None = None,
     backward: Callable[[torch.Tensor], None] | None = None,
 ) -> GroupStats:
@@ -441,9 +444,9 @@ def group_surrogate(
     estimator: Estimator | None = None,
     generator: torch.Generator | None = None,
     draw: int | torch.Tensor | None = None,
-    middle_velocity: Callable[[int], torch.Tensor | None] | None = None,
-    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None,
-    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    middle_velocity: MiddleVelocity | None = None,
+    velocity_batch: VelocityBatch | None = None,
+    velocity_rows: VelocityRows | None = None,
 ) -> Surrogate:
     """The group's update with the backward left to the caller: ``accelerator.backward(surrogate.loss)``, a GradScaler's
     ``scaler.scale(surrogate.loss).backward()``, DeepSpeed's ``engine.backward``, inside DDP's ``no_sync`` or not.
@@ -534,9 +537,9 @@ class _GroupRun:
     velocity: Velocity
     step_loss: StepLoss
     stats: GroupStats
-    middle_velocity: Callable[[int], torch.Tensor | None] | None = None
-    velocity_batch: Callable[[Sequence[int]], Sequence[torch.Tensor]] | None = None
-    velocity_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    middle_velocity: MiddleVelocity | None = None
+    velocity_batch: VelocityBatch | None = None
+    velocity_rows: VelocityRows | None = None
     before_backward: Callable[[bool], None] | None = None
     backward_fn: Callable[[torch.Tensor], None] | None = None
     collected: list[torch.Tensor] | None = None
