@@ -72,9 +72,10 @@ def root_pipeline_current(profile: str | None) -> None:
     stage = os.environ.get("DVC_STAGE", "")
     if not stage or ":" in stage or not profile:
         return
-    from .dvc_pipelines import _raw, active_profile
+    from jagg_core.setup.storage import read_text  # as tasks.dvc_pipelines reads it (not imported: a stage's deps)
 
-    active = active_profile(_raw(ROOT / "params.yaml"))
+    raw = parse_yaml(read_text(ROOT / "params.yaml", ParamsError, limit=16 << 20), "params.yaml")
+    active = str(raw.get("profile", "toy")) if isinstance(raw, dict) else "toy"  # dvc_pipelines.active_profile's rule
     if profile != active:
         raise ParamsError(f"dvc.yaml was written for profile {profile!r}, but params.yaml's profile is now "
                           f"{active!r}; run `make pipelines` (python -m tasks.dvc_pipelines) to write {active!r}'s "

@@ -65,7 +65,7 @@ def test_the_reader_says_what_is_wrong_in_one_sentence_in_the_callers_error(tmp_
 # when this check was written are listed as such, with their count: each is to go through the reader, and the
 # count keeps a new read in them from passing unseen.
 EXCEPTIONS = {
-    "jagg_core/setup/json_read.py": (1, "the reader itself"),
+    "jagg_core/setup/json_parse.py": (1, "the parser itself (json_read's, storage's)"),
     "jagg_core/rewards/served.py": (1, "a reward server's HTTP answer, not a file: its own strict parser (finite "
                                        "numbers, a key once, bounded size)"),
     "tasks/services.py": (2, "the Prefect server's HTTP answers on this host, not a file"),
@@ -101,7 +101,7 @@ def test_every_json_read_back_goes_through_the_one_reader():
         seen[rel] = len(lines)
         if rel not in EXCEPTIONS or len(lines) > EXCEPTIONS[rel][0]:
             found.append(f"{rel}:{','.join(map(str, lines))}")
-    assert not found, f"JSON read back outside jagg_core/setup/json_read.py (use read_json / parse_json): {found}"
+    assert not found, f"JSON read back outside jagg_core/setup/json_parse.py (use json_read's read_json / parse_json): {found}"
     stale = [rel for rel, (n, why) in EXCEPTIONS.items() if seen.get(rel, 0) < n and not why.startswith("pending")]
     assert not stale, f"exceptions with fewer reads than listed (lower or drop them): {stale}"
     assert json.loads("[1]") == [1]  # the walk finds calls, not this test's own

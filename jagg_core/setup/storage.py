@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import UserError
+from .json_parse import parse_json
 from .paths import held
 
 
-def _parse_json(data: bytes | str, error: type[Exception], where: str, *, fix: str = "") -> Any:
-    """:func:`jagg_core.setup.json_read.parse_json` (which reads files through this module: imported when called)."""
-    from .json_read import parse_json
-
-    return parse_json(data, error, where, fix=fix)
 
 __all__ = [
     "FolderLock",
@@ -423,7 +419,7 @@ def read_prompts(path: str | os.PathLike) -> list[str]:
             continue
         if path.suffix == ".jsonl":
             try:
-                obj = _parse_json(line, ValueError, f"{path}:{n}")
+                obj = parse_json(line, ValueError, f"{path}:{n}")
                 prompt = obj["prompt"] if isinstance(obj, dict) else None
             except (ValueError, KeyError):
                 prompt = None
@@ -457,7 +453,7 @@ def write_prompts_jsonl(path: str | os.PathLike, prompts: Sequence[str]) -> None
 def read_prompt_json(path: str | os.PathLike) -> Any:
     """A prompt file's JSON (a benchmark style file, a test list), or one :class:`PromptFileError` sentence."""
     path = Path(path)
-    return _parse_json(read_regular(path, PromptFileError, fix="put the prompt file back"), PromptFileError, str(path))
+    return parse_json(read_regular(path, PromptFileError, fix="put the prompt file back"), PromptFileError, str(path))
 
 
 def read_prompt_list(path: str | os.PathLike) -> list[str]:
@@ -486,7 +482,7 @@ def _file_content_sha256(path: Path) -> str:
     key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]  # ctime: no one sets it back
     cache = _digest_cache(path)
     try:
-        known = _parse_json(read_regular(cache, ValueError, limit=1 << 12), ValueError, str(cache))
+        known = parse_json(read_regular(cache, ValueError, limit=1 << 12), ValueError, str(cache))
         if known.get("key") == key and isinstance(known.get("sha256"), str):
             return known["sha256"]
     except (OSError, ValueError, AttributeError):
@@ -573,7 +569,7 @@ def json_lines(text: str) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield n, _parse_json(line, ValueError, f"line {n}")
+            yield n, parse_json(line, ValueError, f"line {n}")
         except ValueError:
             yield n, None
 
