@@ -85,7 +85,9 @@ def artifact_rows(summary: dict) -> list[dict]:
 def report_markdown(lay: Layout, ui_url: str, run_id: str) -> str:
     """The report's README with its figures as links into the MLflow parent run's artifacts (served by the MLflow
     UI), so that they render in the Prefect UI."""
-    md = read_text(lay.report_dir / "README.md", ReportError, fix="run the report stage again")
+    # redacted before the links go in: the links' own query (path, run_uuid: the project's, no secret) must stay
+    # whole, and redaction treats every value of a URL's query as a secret; ui_url comes redacted
+    md = redact(read_text(lay.report_dir / "README.md", ReportError, fix="run the report stage again"))
     for png in sorted(p.name for p in lay.report_dir.glob("*.png")):
         md = md.replace(f"]({png})", f"]({ui_url}/get-artifact?path=report/{png}&run_uuid={run_id})")
     return md + f"\n\nFull report: `{lay.report_dir / 'index.html'}`\n"
@@ -106,7 +108,7 @@ def _prefect_artifacts(lay: Layout, summary: dict, ui_url: str, experiment_id: s
                               description=f"Final test metrics (mean over seeds) and speeds, {lay.outputs}")
         create_link_artifact(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_id}", link_text="the sweep in MLflow",
                              key=f"{key}-mlflow", description="The sweep's MLflow parent run (`jagg services up`)")
-        create_markdown_artifact(redact(report_markdown(lay, ui_url, run_id)), key=f"{key}-report",
+        create_markdown_artifact(report_markdown(lay, ui_url, run_id), key=f"{key}-report",
                                  description="jagg report")
     except Exception as e:  # noqa: BLE001  (a report must not fail for its Prefect links)
         stage_logger("report").warning("could not create the Prefect artifacts: %s", e)

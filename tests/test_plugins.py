@@ -243,6 +243,7 @@ def sana_project(tmp_path_factory) -> Path:
     (root / "mine/train.txt").write_text("\n".join(TRAIN_PROMPTS) + "\n")
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     ci = {k: v for k, v in raw["profiles"]["ci"].items() if k not in ("world", "pretrain", "reward")}
+    raw = {"extends": "../params.yaml", "profiles": {}}  # a user's file builds on the project's, adding its profile
     raw["profiles"]["sana"] = {
         **ci,
         "plugins": ["examples/plugins/tiny_sana.py", "examples/plugins/colorfulness.py"],
