@@ -144,10 +144,12 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(ci_base, tmp_path):
         listening = {c.laddr.port: c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
         assert listening.get(port) == "127.0.0.1" and listening.get(mlflow_port) == "127.0.0.1", listening
 
-        # A sweep point: another params file (only jagg) plus overrides, validated and run into folders of its own.
-        alt = (root / "params.yaml").read_text().replace("  ci:\n", "  ci:\n    run: {methods: [jagg]}\n", 1)
+        # A sweep point: another params file (a profile of its own on ci, only jagg) plus overrides, validated and run
+        # into folders of its own (a user's file builds on the project's and never changes its profiles)
+        alt = "extends: params.yaml\nprofiles:\n  ci-alt: {extends: ci, run: {methods: [jagg]}}\n"
         (root / "alt.yaml").write_text(alt)
-        point = deployment_run("-p", "params_file=alt.yaml", "-p", 'overrides={"train.iterations": 1}')
+        point = deployment_run("-p", "params_file=alt.yaml", "-p", "profile=ci-alt",
+                               "-p", 'overrides={"train.iterations": 1}')
         assert point.returncode == 0, point.stdout[-3000:] + point.stderr[-3000:]
         points = [p for p in (root / "runs").iterdir() if p.name.startswith("ci-")]
         # its one run, and its own side-by-side timing (the speed stage)
@@ -182,7 +184,9 @@ def test_prefect_deployment_run_completes_and_logs_to_mlflow(ci_base, tmp_path):
     everything = client.search_runs([exp.experiment_id])
     assert everything and {r.info.status for r in everything} == {"FINISHED"}
     parents = {r.data.tags["jagg.sweep"]: r for r in everything if r.data.tags.get("jagg.kind") == "sweep"}
-    assert len(parents) == 2  # the profile's flow run and the sweep point's
+    assert len(parents) == 1  # the profile's flow run; the sweep point's is in its own profile's experiment
+    alt = client.get_experiment_by_name("jagg-ci-alt")
+    assert alt and [r for r in client.search_runs([alt.experiment_id]) if r.data.tags.get("jagg.kind") == "sweep"]
     assert {"final/baseline/toy_fidelity", "speed/jagg/update"} <= set(parents[flow_run_id].data.metrics)
 
 
