@@ -75,11 +75,17 @@ def root_pipeline_current(profile: str | None) -> None:
     from jagg_core.setup.storage import read_text  # as tasks.dvc_pipelines reads it (not imported: a stage's deps)
 
     raw = parse_yaml(read_text(ROOT / "params.yaml", ParamsError, limit=16 << 20), "params.yaml")
-    active = str(raw.get("profile", "toy")) if isinstance(raw, dict) else "toy"  # dvc_pipelines.active_profile's rule
+    active = active_profile(raw if isinstance(raw, dict) else {})
     if profile != active:
         raise ParamsError(f"dvc.yaml was written for profile {profile!r}, but params.yaml's profile is now "
                           f"{active!r}; run `make pipelines` (python -m tasks.dvc_pipelines) to write {active!r}'s "
                           f"pipeline at the root and move {profile!r}'s to pipelines/{profile}/, then dvc repro again.")
+
+
+def active_profile(raw: dict[str, Any]) -> str:
+    """The profile whose pipeline is the repository's ``dvc.yaml``: params.yaml's ``profile`` key (``$JAGG_PROFILE``
+    does not move files)."""
+    return str(raw.get("profile", "toy"))
 
 
 def layout(params: Params, root: Path | None = None) -> Layout:

@@ -36,7 +36,7 @@ from jagg_core.setup.params_io import load_params, parse_yaml
 from jagg_core.setup.redact import holds_secret, redact_own
 from jagg_core.setup.storage import atomic_write_text, move, read_text
 
-from .common import ROOT, cli
+from .common import ROOT, active_profile, cli
 
 __all__ = ["GENERATED", "ROOT_PIPELINE", "active_profile", "main", "param_keys", "pipeline_path", "pipeline_text",
            "pipelines", "profile_names", "run_sources", "stale", "write"]
@@ -85,12 +85,6 @@ def profile_names(raw: dict[str, Any]) -> list[str]:
     names = list(raw.get("profiles") or {})
     default = raw.get("profile", "toy")
     return names if default in names else [default, *names]
-
-
-def active_profile(raw: dict[str, Any]) -> str:
-    """The profile whose pipeline is the repository's ``dvc.yaml``: params.yaml's ``profile`` key (``$JAGG_PROFILE``
-    does not move files)."""
-    return str(raw.get("profile", "toy"))
 
 
 def pipeline_path(raw: dict[str, Any], profile: str) -> Path:
