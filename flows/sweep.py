@@ -45,8 +45,8 @@ def sweep_name(sweep: str | None, params: Params) -> str:
 def sweep_tracked(params: Params, sweep: str) -> Iterator[str]:
     """The sweep's MLflow parent run while the flow's block runs: RUNNING, owned by this process, then FINISHED when
     the block completes, FAILED (its ``jagg.failure`` tag the error's sentence, redacted) when it fails, KILLED when
-    it is interrupted, cancelled or crashes (SIGTERM; a SIGKILLed one is marked KILLED by the next sweep or stage
-    that opens the store): :meth:`Tracker.sweeping`."""
+    it is interrupted, cancelled or crashes (SIGTERM; a SIGKILLed one is marked KILLED at once by its watcher,
+    :mod:`jagg_core.pipeline.sweep_watch`): :meth:`Tracker.sweeping`."""
     with Tracker(params, ROOT).sweeping(sweep) as run_id:
         yield run_id
 

@@ -40,6 +40,7 @@ BIN = Path(sys.executable).parent
 HEARTBEAT_S = 30
 CRASH_AFTER_S = 90
 AUTOMATION = "jagg: a flow run without heartbeats is crashed"
+LATE_AUTOMATION = "jagg: cancel a run of {pool}/{queue} that no worker takes"
 WORKER_START_S = 120  # a worker's first heartbeat: its imports take ~10 s on a slow 2-core host
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name, or an IPv4 address
 
@@ -162,12 +163,14 @@ def _env(api_url: str | None = None) -> dict[str, str]:
     return env
 
 
-def _api(api: str, path: str, body: dict) -> Any:
-    """POST to the Prefect server's REST API; a 503 (its database busy, "retry") is retried as Prefect's client does."""
+def _api(api: str, path: str, body: dict | None, method: str = "POST") -> Any:
+    """A call of the Prefect server's REST API; a 503 (its database busy, "retry") is retried as Prefect's client
+    does."""
     import urllib.error
 
     for attempt in range(6):
-        req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="POST",
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{api}/{path}", data=data, method=method,
                                      headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
@@ -193,6 +196,40 @@ def crash_automation(api: str, crash_after: float = CRASH_AFTER_S) -> None:
                     "for_each": ["prefect.resource.id"], "threshold": 1, "within": crash_after},
         "actions": [{"type": "change-flow-run-state", "state": "CRASHED",
                      "message": f"no heartbeat for {crash_after:.0f} s: its worker or host died"}]})
+
+
+def late_automations(api: str, pool: str, wait_s: float) -> list[str]:
+    """For each work queue of ``pool`` but `units`, the server's automation that cancels a flow run left Late (its
+    scheduled start passed, no worker took it) for ``wait_s`` more seconds, its state message naming the pool and
+    the queue no worker serves: a sweep sent where no worker listens ends in one sentence instead of waiting for ever
+    (Late is all `prefect deployment run --watch` showed). The `units` queue's runs are a sweep's, which waits for
+    them itself (``resources.pool_wait_s``, flows/pool.py). ``wait_s`` 0: none (runs wait for ever). Made again at
+    each `up`, so that a changed wait holds; returns the automations' names."""
+    import urllib.parse
+
+    made = []
+    old = {a.get("name"): a.get("id") for a in _api(api, "automations/filter", {}) or []}
+    queues = _api(api, f"work_pools/{urllib.parse.quote(pool)}/queues/filter", {}) or []
+    terminal = [f"prefect.flow-run.{s}" for s in ("Pending", "Running", "Completed", "Failed", "Cancelling",
+                                                  "Cancelled", "Crashed")]
+    for queue in sorted(queues, key=lambda q: q["name"]):
+        name = LATE_AUTOMATION.format(pool=pool, queue=queue["name"])
+        if old.get(name):
+            _api(api, f"automations/{old[name]}", None, method="DELETE")
+        if queue["name"] == "units" or not wait_s:
+            continue
+        message = (f"no worker took this run in {wait_s:g} s after it was Late: no worker of pool {pool!r} serves "
+                   f"its queue {queue['name']!r}. Start one (`jagg services worker --queue {queue['name']}`, "
+                   f"docs/scaling.md), then run it again.")
+        _api(api, "automations/", {
+            "name": name, "enabled": True, "description": message,
+            "trigger": {"type": "event", "posture": "Proactive", "match": {"prefect.resource.id": "prefect.flow-run.*"},
+                        "match_related": {"prefect.resource.id": f"prefect.work-queue.{queue['id']}"},
+                        "after": ["prefect.flow-run.Late"], "expect": terminal, "for_each": ["prefect.resource.id"],
+                        "threshold": 1, "within": max(wait_s, 10.0)},
+            "actions": [{"type": "change-flow-run-state", "state": "CANCELLED", "message": message}]})
+        made.append(name)
+    return made
 
 
 def _spawn(name: str, cmd: list[str], env: dict[str, str]) -> int:
@@ -425,7 +462,7 @@ def _stop(pid: int) -> None:
 
 def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None = None,
        crash_after: float = CRASH_AFTER_S, queues: list[str] | None = None, limit: int | None = None,
-       advertise: str | None = None) -> dict[str, str]:
+       advertise: str | None = None, late_after: float | None = None) -> dict[str, str]:
     """Start the server, create the pool, deploy prefect.yaml, start a worker (and the MLflow UI); interrupted
     (SIGTERM, Ctrl-C) or failing half-way, it stops what it started. Returns the advertised URLs."""
     if worker_name is not None:
@@ -434,7 +471,7 @@ def up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_
     if any(_alive(p) for p in _pids().values()):
         raise ServiceError(f"services are already running ({_pids()}); `jagg services down` first.")
     try:
-        return _up(host, prefect_port, mlflow_port, pool, worker_name, crash_after, queues, limit, urls)
+        return _up(host, prefect_port, mlflow_port, pool, worker_name, crash_after, queues, limit, urls, late_after)
     except BaseException:
         down()
         raise
@@ -485,7 +522,8 @@ def _links() -> dict[str, str]:
 
 
 def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker_name: str | None,
-        crash_after: float, queues: list[str] | None, limit: int | None, urls: dict[str, str]) -> dict[str, str]:
+        crash_after: float, queues: list[str] | None, limit: int | None, urls: dict[str, str],
+        late_after: float | None = None) -> dict[str, str]:
     api, envs = urls["local_api"], service_envs(urls)
     env = envs["client"]
     # The UI's pages call the API at PREFECT_UI_API_URL: this server's port, at the address other machines reach.
@@ -496,6 +534,7 @@ def _up(host: str, prefect_port: int, mlflow_port: int | None, pool: str, worker
     _run([str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process", "--overwrite"], env)
     _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
     crash_automation(api, crash_after)
+    late_automations(api, pool, load().resources.pool_wait_s if late_after is None else late_after)
     before = _heartbeat(api, pool, worker_name) if worker_name else None
     pids["worker"] = _spawn("prefect-worker", _worker_cmd(pool, worker_name, queues, limit), env)
     _write_pids(pids, urls=urls)
@@ -594,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--crash-after", type=float, default=CRASH_AFTER_S,
                     help=f"`up`: seconds without a heartbeat after which a flow run is marked CRASHED (default "
                          f"{CRASH_AFTER_S}; heartbeats every {HEARTBEAT_S} s)")
+    ap.add_argument("--cancel-late-after", type=float, default=None, metavar="SECONDS",
+                    help="`up`: seconds a flow run may stay Late (no worker of its queue took it) before it is "
+                         "cancelled, saying which queue has no worker (default: resources.pool_wait_s; 0: never)")
     args = ap.parse_args(argv)
     _interruptible()
     if args.action == "worker":
@@ -606,8 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "up":
         if args.crash_after <= HEARTBEAT_S:
             raise ServiceError(f"--crash-after {args.crash_after:g} must exceed the heartbeat interval, {HEARTBEAT_S} s.")
+        if args.cancel_late_after is not None and not 0 <= args.cancel_late_after <= 7 * 86400:
+            raise ServiceError(f"--cancel-late-after {args.cancel_late_after:g} must be 0 (never) to 604800 s.")
         urls = up(args.host, args.prefect_port, args.mlflow_port or None, args.pool, args.name, args.crash_after,
-                  args.queue, args.limit, args.advertise)
+                  args.queue, args.limit, args.advertise, args.cancel_late_after)
         print("\n".join(f"{k}: {v}" for k, v in urls.items()))
         print(f"run a sweep: PREFECT_API_URL={urls['prefect_api']} prefect deployment run 'jagg-reproduce/toy' --watch")
     elif args.action == "down":

@@ -43,6 +43,7 @@ class Stop:
     rc: int
     took: float  # seconds from the signal to the exit
     left: list = field(default_factory=list)  # command lines of the run's processes still alive after it
+    sweeps: list = field(default_factory=list)  # (status, reaped_by) of the MLflow sweep runs once it was gone
 
 
 @dataclass
@@ -65,7 +66,17 @@ def _reached(root: Path) -> int:
     return max((c.iteration for c in last if c is not None), default=0)
 
 
-def _start_and_stop(root: Path, args: list[str], env: dict, sig: signal.Signals, log: Path) -> Stop:
+def _sweep_runs(url: str) -> list[tuple[str, str]]:
+    """(status, ``jagg.reaped_by``) of every MLflow sweep run of the ci experiment at ``url``."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=url)
+    exp = client.get_experiment_by_name("jagg-ci")
+    runs = client.search_runs([exp.experiment_id], "tags.`jagg.kind` = 'sweep'") if exp else []
+    return [(r.info.status, r.data.tags.get("jagg.reaped_by", "")) for r in runs]
+
+
+def _start_and_stop(root: Path, args: list[str], env: dict, sig: signal.Signals, log: Path, url: str) -> Stop:
     before = _reached(root)
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "flows.run", *args], cwd=root, env=env, stdout=out,
@@ -87,7 +98,7 @@ def _start_and_stop(root: Path, args: list[str], env: dict, sig: signal.Signals,
     left = [p.cmdline() for p in _own_processes(root)]
     for p in _own_processes(root):  # so that one failure does not spoil the next start
         p.kill()
-    return Stop(sig, _reached(root), rc, took, left)
+    return Stop(sig, _reached(root), rc, took, left, _sweep_runs(url))
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +114,7 @@ def interrupted(ci_base, tmp_path_factory) -> Scenario:
     env = dict(os.environ, JAGG_ROOT=str(root), PYTHONPATH=str(REPO), PREFECT_HOME=str(root / ".prefect"))
     env.pop("PREFECT_API_URL", None)
     try:
-        stops = {sig: _start_and_stop(root, args, env, sig, work / f"{sig.name}.log") for sig in SIGNALS}
+        stops = {sig: _start_and_stop(root, args, env, sig, work / f"{sig.name}.log", server.url) for sig in SIGNALS}
         final = run_module("flows.run", *args, root=root, env={"PREFECT_HOME": str(root / ".prefect")})
         (work / "final.log").write_text(final.stdout + final.stderr)
     finally:
@@ -123,6 +134,10 @@ def test_jagg_run_stopped_by_a_signal_leaves_nothing_and_resumes_bit_identically
     thread where a process of its own uses every core)."""
     stop = interrupted.stops[sig]
     assert not stop.left, stop.left
+    # The sweep's MLflow run is ended as soon as `jagg run` is gone, KILLED, before any later start: after SIGKILL by
+    # its watcher (jagg_core/pipeline/sweep_watch.py; it stayed RUNNING until the next sweep opened the store).
+    assert stop.sweeps and all(status == "KILLED" for status, _ in stop.sweeps), stop.sweeps
+    assert any(by.startswith("the watcher of ") for _, by in stop.sweeps) == (sig == signal.SIGKILL), stop.sweeps
     assert stop.rc == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig)
     if sig != signal.SIGKILL:
         assert stop.took < 10, f"{sig.name}: exited after {stop.took:.1f} s"

@@ -4,7 +4,9 @@ or cannot be checked and has missed its heartbeats, is taken over with one warni
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +175,65 @@ def test_c7_a_stage_ends_only_runs_it_owns_and_reaps_runs_whose_owner_is_gone(ci
     assert tracker.client.get_run(other).info.status == "RUNNING" and tracker.claim(other)
     tracker.finish(other)
     assert tracker.client.get_run(other).info.status == "FINISHED"
+
+
+_SWEEPER = """
+import sys, time
+from pathlib import Path
+from jagg_core.setup.params_io import load_params
+from jagg_core.pipeline.tracking import Tracker
+root = Path(sys.argv[1])
+with Tracker(load_params(root / "params.yaml", "ci"), root).sweeping(sys.argv[2]) as run_id:
+    print(run_id, flush=True)
+    if sys.argv[3] == "hold":
+        time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("end", ["completes", "SIGKILL"])
+def test_a_sigkilled_sweeps_run_is_ended_killed_at_once_by_its_watcher(tmp_path, end):
+    """A sweep's MLflow run (:meth:`Tracker.sweeping`, what `jagg run` and a deployment's flow run hold) whose process
+    is SIGKILLed stayed RUNNING until the next sweep or stage opened the store (issue 71, item 7). Now its watcher
+    process (jagg_core/pipeline/sweep_watch.py) marks it KILLED within seconds, tagged ``jagg.reaped_by``; a sweep
+    that completes ends its run FINISHED itself and leaves no watcher behind."""
+    import signal
+    import time
+
+    import psutil
+    from mlflow.tracking import MlflowClient
+
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JAGG_ROOT": str(root)}
+    proc = subprocess.Popen([sys.executable, "-c", _SWEEPER, str(root), "s1", "hold" if end == "SIGKILL" else "end"],
+                            cwd=root, stdout=subprocess.PIPE, text=True, env=env)
+    run_id = proc.stdout.readline().strip()
+    assert run_id, "the sweep made no run"
+    if end == "SIGKILL":
+        proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=60) == (-signal.SIGKILL if end == "SIGKILL" else 0)
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    deadline = time.monotonic() + 30
+    while client.get_run(run_id).info.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    run = client.get_run(run_id)
+    assert run.info.status == ("KILLED" if end == "SIGKILL" else "FINISHED"), run.info.status
+    assert run.data.tags.get("jagg.reaped_by", "").startswith("the watcher of ") == (end == "SIGKILL"), run.data.tags
+    def watchers() -> list:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if "jagg_core.pipeline.sweep_watch" in (p.info["cmdline"] or []) and \
+                        p.environ().get("JAGG_ROOT") == str(root):
+                    found.append(p.info["cmdline"])
+        return found
+
+    for _ in range(100):  # the watcher exits once it has ended the run (or been told the sweep ended it)
+        if not watchers():
+            break
+        time.sleep(0.1)
+    assert not watchers()
 
 
 # --- ownership that can expire: an owner this machine cannot check, its heartbeat ----------------------------------

@@ -116,7 +116,8 @@ def cluster(ci_base, tmp_path_factory):
     jagg = str(BIN / "jagg")
     try:
         up = _run([jagg, "services", "up", "--prefect-port", str(port), "--mlflow-port", str(mlflow_port), "--name",
-                   "head", "--queue", "default", "--crash-after", "60"], root, timeout=300)
+                   "head", "--queue", "default", "--crash-after", "60", "--cancel-late-after", "20"], root,
+                  timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         for name in UNITS:  # a training holds before iteration 2's rollout while the test's hold file exists
             w = _run([jagg, "services", "worker", "--api", api, "--name", name, "--queue", "units", "--limit", "1"],
@@ -263,6 +264,40 @@ def test_a_worker_killed_mid_training_leaves_its_run_crashed_and_another_worker_
     assert _same(_weights(cluster.root, _outputs(overrides), "jagg-s0"), uninterrupted("jagg"))
     curve = (cluster.root / f"runs/{_outputs(overrides)}/jagg-s0/curve.tsv").read_text()
     assert [line.split("\t")[0] for line in curve.splitlines()[1:]] == ["1", "2", "3", "4"]  # every iteration once
+
+
+@pytest.mark.slow
+def test_a_sweep_no_worker_takes_is_cancelled_once_late_naming_the_pool_and_queue(cluster):
+    """A sweep sent where no worker listens (here: the `default` queue paused, as with no worker serving it) stayed
+    Scheduled / Late for ever, `--watch` showing only Late (issue 71, item 3). Now the automation `jagg services up`
+    makes (tasks/services.py:late_automations; --cancel-late-after 20 here, resources.pool_wait_s by default)
+    cancels it once Late for that long, its state message naming the pool and the queue, and `--watch` ends."""
+    import urllib.parse
+
+    queue = f"work_pools/jagg/queues/{urllib.parse.quote('default')}"
+    _patch(cluster.api, queue, {"is_paused": True})
+    try:
+        t0 = time.monotonic()
+        watched = _run([str(BIN / "prefect"), "deployment", "run", "jagg-reproduce/ci", "--watch", "--watch-timeout",
+                        "300"], cluster.root, timeout=360, PREFECT_API_URL=cluster.api,
+                       PREFECT_HOME=str(cluster.root / ".services/prefect"))
+        took = time.monotonic() - t0
+    finally:
+        _patch(cluster.api, queue, {"is_paused": False})
+    assert watched.returncode == 1 and "Cancelled" in watched.stdout, watched.stdout + watched.stderr
+    flow_run = re.search(r"UUID: ([0-9a-f-]{36})", watched.stdout).group(1)
+    states = _api(cluster.api, f"flow_run_states/?flow_run_id={flow_run}")
+    assert "Late" in [st["name"] for st in states], states
+    state = _state(cluster.api, flow_run)
+    assert state["type"] == "CANCELLED", state
+    assert "no worker of pool 'jagg' serves its queue 'default'" in state["message"], state["message"]
+    assert took < 240, f"cancelled after {took:.0f} s"
+
+
+def _patch(api: str, path: str, body: dict) -> None:
+    req = urllib.request.Request(f"{api}/{path}", data=json.dumps(body).encode(), method="PATCH",
+                                 headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).close()
 
 
 def test_two_starts_of_one_sweep_name_each_keep_their_token(tmp_path):

@@ -273,9 +273,39 @@ class Tracker:
                      self.owner_of(run_id))
             yield run_id
             return
-        with self.ending(run_id), self.heartbeat(run_id):
-            yield run_id
-        self.finish(run_id)
+        with self.watched(run_id):
+            with self.ending(run_id), self.heartbeat(run_id):
+                yield run_id
+            self.finish(run_id)
+
+    @contextlib.contextmanager
+    def watched(self, run_id: str) -> Iterator[None]:
+        """While the block runs, a watcher process (:mod:`jagg_core.pipeline.sweep_watch`) ends ``run_id`` KILLED
+        if this process dies without ending it (SIGKILL, a crash); told ``done`` when the block ends, however it
+        ends (the run was ended here), it exits. A watcher that cannot start leaves the run to the next sweep's
+        :meth:`reap_sweeps`, as before."""
+        import json
+        import sys
+
+        try:
+            watcher = subprocess.Popen([sys.executable, "-m", "jagg_core.pipeline.sweep_watch"], stdin=subprocess.PIPE,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                       text=True)
+            watcher.stdin.write(json.dumps({"uri": self.uri, "run_id": run_id, "owner": owner_id()}) + "\n")
+            watcher.stdin.flush()
+        except OSError as e:
+            log.warning("MLflow: no watcher for sweep run %s (%s); a SIGKILLed sweep's run is ended by the next "
+                        "sweep", run_id, redact(str(e)))
+            watcher = None
+        try:
+            yield
+        finally:
+            if watcher is not None:
+                with contextlib.suppress(OSError):
+                    watcher.stdin.write("done")
+                    watcher.stdin.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    watcher.wait(timeout=10)
 
     def child_run(self, sweep: str, run: str, *, method: str | None, seed: int | None, key: str,
                   extra_tags: Mapping[str, str] | None = None, per_sweep: bool = False) -> str:
