@@ -149,8 +149,13 @@ def _install(cmd: list[str]) -> tuple[subprocess.CompletedProcess, float]:
     return out, seconds
 
 
+def library_deselect() -> list[str]:
+    """The library's test files' tests that need the pipeline (``pipeline_tests``), as pytest ids to deselect."""
+    return [f"{name}::{t}" for name in LIBRARY_TESTS for t in pipeline_tests(name)]
+
+
 def check_in_fresh_venv(python: str, torch_spec: str, folder: Path, library: str = str(LIBRARY),
-                        pip: bool = False) -> dict:
+                        pip: bool = False, deselect: list[str] | None = None) -> dict:
     """Builds ``folder`` as a venv of ``python`` holding ``torch_spec`` and pytest, installs the library after them
     (its folder, or any requirement ``library``: a git URL; with pip instead of uv where ``pip``), and runs
     ``_PROBE_AND_TESTS`` there. Returns each step's seconds, outputs and findings; raises nothing on a failed step."""
@@ -172,7 +177,7 @@ def check_in_fresh_venv(python: str, torch_spec: str, folder: Path, library: str
     tests.mkdir()
     for name in LIBRARY_TESTS + HELPERS:
         shutil.copy(REPO / "tests" / name, tests / name)
-    deselect = [f"{name}::{t}" for name in LIBRARY_TESTS for t in pipeline_tests(name)]
+    deselect = library_deselect() if deselect is None else deselect
     report["deselected"] = deselect
     code = f"ABSENT = {list(ABSENT)!r}\nTESTS = {list(LIBRARY_TESTS)!r}\nDESELECT = {deselect!r}\n" + _PROBE_AND_TESTS
     out, seconds = _run([in_venv, "-c", code], cwd=tests)
@@ -220,10 +225,13 @@ def problems(report: dict, torch_version: str) -> list[str]:
 
 
 def check_pythons(pythons: dict[tuple[int, int], str], torch_version: str, parent: Path, **how) -> dict:
-    """``check_in_fresh_venv`` for each of ``pythons`` at once (their installs are mostly waiting on the disk)."""
+    """``check_in_fresh_venv`` for each of ``pythons`` at once (their installs are mostly waiting on the disk). The
+    tests to deselect are read here, before the threads: CPython 3.11's ``ast.parse`` is not safe in two threads at
+    once ("SystemError: AST constructor recursion depth mismatch", python/cpython#106905)."""
+    deselect = library_deselect()
     with concurrent.futures.ThreadPoolExecutor(len(pythons)) as pool:
-        futures = {v: pool.submit(check_in_fresh_venv, p, f"torch=={torch_version}", parent / f"py3{v[1]}", **how)
-                   for v, p in pythons.items()}
+        futures = {v: pool.submit(check_in_fresh_venv, p, f"torch=={torch_version}", parent / f"py3{v[1]}",
+                                  deselect=deselect, **how) for v, p in pythons.items()}
         return {v: f.result() for v, f in futures.items()}
 
 

@@ -205,6 +205,7 @@ def up_parts(monkeypatch, sleeper):
                         if "prefect-server" in real and what == "the Prefect server" else None)
     monkeypatch.setattr(services, "_run", lambda cmd, env: None)
     monkeypatch.setattr(services, "crash_automation", lambda api, crash_after=0: None)
+    monkeypatch.setattr(services, "late_automations", lambda api, pool, wait_s: [])
     monkeypatch.setattr(services, "deployments", lambda api: ["jagg-reproduce/toy"])
     monkeypatch.setattr(services.socket, "gethostname", lambda: "head-1")
     return spawns, real
