@@ -437,14 +437,22 @@ def estimator_stats(draws: Sequence[tuple[float, torch.Tensor]], g_exact: torch.
     """An estimator's readings against the exact gradient g from its draws [(weight, g_d)] (weights summing to 1):
     the expected cosine and relative squared error of ONE draw, E cos(g_d, g) and E‖g_d − g‖²/‖g‖², and its bias:
     ‖E g_d − g‖/‖g‖ and cos(E g_d, g), E taken over ``mean`` when given (an exact enumeration of the law), else over
-    the draws. A deterministic estimator is one draw of weight 1 (its MSE is its bias squared)."""
+    the draws. A deterministic estimator is one draw of weight 1 (its MSE is its bias squared).
+
+    And what a step along it does (issue 72): its projection coefficient ⟨E g_d, g⟩/‖g‖² (1: as far along the exact
+    direction as the exact gradient; a smaller one takes smaller steps along it at the same learning rate) and the
+    share of its squared error orthogonal to g, E‖g_d − ⟨g_d, g⟩/‖g‖² g‖² / E‖g_d − g‖² (1: an error that points
+    elsewhere; 0: an error along g only, which a learning rate rescales away)."""
     ne = float(g_exact.norm())
     cos = lambda a: float(a @ g_exact / (a.norm() * ne)) if float(a.norm()) and ne else float("nan")
+    along = lambda a: float(a @ g_exact) / ne**2 if ne else float("nan")  # noqa: E731
     e = sum(w * g for w, g in draws) if mean is None else mean
-    return {"cos": sum(w * cos(g) for w, g in draws),
-            "mse": sum(w * float((g - g_exact).norm() ** 2) for w, g in draws) / ne**2,
+    mse = sum(w * float((g - g_exact).norm() ** 2) for w, g in draws) / ne**2
+    orth = sum(w * float((g - along(g) * g_exact).norm() ** 2) for w, g in draws) / ne**2
+    return {"cos": sum(w * cos(g) for w, g in draws), "mse": mse,
             "bias": float((e - g_exact).norm()) / ne, "cos_mean": cos(e),
-            "norm_ratio": sum(w * float(g.norm()) for w, g in draws) / ne}
+            "norm_ratio": sum(w * float(g.norm()) for w, g in draws) / ne,
+            "proj": along(e), "orth_share": orth / mse if mse > 0 else float("nan")}
 
 
 def rollout_readings(r, iteration: int, args):
@@ -592,8 +600,22 @@ def alignment_main(args, out: Path, log) -> int:
     return 0
 
 
+def derived_projection(row: dict) -> dict:
+    """A reading written before ``proj`` and ``orth_share`` existed, with them where its other figures determine them:
+    a deterministic estimator's (its MSE its bias squared: E g_d = g_d), whose projection coefficient is
+    cos · norm ratio and whose orthogonal share is norm ratio² (1 − cos²) / MSE. A random anchor's reading is left as
+    it is (its second moment along g was not kept)."""
+    if "proj" in row or not all(k in row for k in ("cos", "norm_ratio", "mse", "bias")):
+        return row
+    if abs(row["bias"] ** 2 - row["mse"]) > 1e-9 * max(1.0, row["mse"]):
+        return row
+    c, nr, mse = row["cos"], row["norm_ratio"], row["mse"]
+    return {**row, "proj": c * nr, "orth_share": nr * nr * (1 - c * c) / mse if mse > 0 else float("nan")}
+
+
 def summarise_methods(rows: list[dict], names: Sequence[str]) -> dict:
     """Per method: mean cos(method, exact) and norm ratio with Student-t 95% intervals over (model, rollout) units."""
+    rows = [derived_projection(r) for r in rows]
     out: dict = {"methods": {}, "models": sorted({r["model"] for r in rows})}
     for m in names:
         units: dict[tuple, list[dict]] = {}
@@ -601,7 +623,7 @@ def summarise_methods(rows: list[dict], names: Sequence[str]) -> dict:
             if r["method"] == m:
                 units.setdefault((r["model"], r["rollout"]), []).append(r)
         entry = {"readings": sum(len(v) for v in units.values()), "units": len(units)}
-        for key in ("cos", "norm_ratio", "mse", "bias", "cos_mean"):
+        for key in ("cos", "norm_ratio", "mse", "bias", "cos_mean", "proj", "orth_share"):
             if not all(key in x for v in units.values() for x in v):
                 continue  # readings written before the key existed
             mean, lo, hi, n = t_interval([float(np.mean([x[key] for x in v])) for v in units.values()])

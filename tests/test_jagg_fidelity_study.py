@@ -123,6 +123,37 @@ def _refused_by_study(capsys, *args: str) -> str:
     return _one_sentence(capsys.readouterr().err)
 
 
+def test_estimator_stats_projection_and_orthogonal_share_by_their_definitions(study):
+    """Issue 72's readings of an estimator, in float64 against their definitions written out: the projection
+    coefficient ⟨E g_d, g⟩/‖g‖² and the orthogonal share of the squared error, for a deterministic estimator (a
+    scaled exact gradient: projection = the scale, no orthogonal error; a rotated one: all of the error's
+    component off g) and for a two-draw law."""
+    torch.manual_seed(0)
+    g = torch.randn(50, dtype=torch.float64)
+    half = study.estimator_stats([(1.0, 0.5 * g)], g)
+    assert half["proj"] == pytest.approx(0.5, abs=1e-15) and half["orth_share"] == pytest.approx(0.0, abs=1e-15)
+    u = torch.randn(50, dtype=torch.float64)
+    u -= (u @ g) / (g @ g) * g  # orthogonal to g
+    side = study.estimator_stats([(1.0, g + u)], g)
+    assert side["proj"] == pytest.approx(1.0, abs=1e-12) and side["orth_share"] == pytest.approx(1.0, abs=1e-12)
+    draws = [(0.25, torch.randn(50, dtype=torch.float64)), (0.75, torch.randn(50, dtype=torch.float64))]
+    got = study.estimator_stats(draws, g)
+    mean = sum(w * d for w, d in draws)
+    assert got["proj"] == pytest.approx(float(mean @ g / (g @ g)), rel=1e-12)
+    orth = sum(w * float(((d - (d @ g) / (g @ g) * g) ** 2).sum()) for w, d in draws)
+    err = sum(w * float(((d - g) ** 2).sum()) for w, d in draws)
+    assert got["orth_share"] == pytest.approx(orth / err, rel=1e-12)
+    assert 0 < got["orth_share"] and got["mse"] == pytest.approx(err / float(g @ g), rel=1e-12)
+    # a reading stored before the two existed: derived from its cosine, norm ratio and MSE where it is deterministic
+    one = study.estimator_stats([(1.0, draws[0][1])], g)
+    old = {k: v for k, v in one.items() if k not in ("proj", "orth_share")}
+    derived = study.derived_projection(old)
+    assert derived["proj"] == pytest.approx(one["proj"], rel=1e-9)
+    assert derived["orth_share"] == pytest.approx(one["orth_share"], rel=1e-9)
+    two = {k: v for k, v in got.items() if k not in ("proj", "orth_share")}
+    assert study.derived_projection(two) == two  # a two-draw law's: not determined by what was kept
+
+
 def test_m6_fidelity_study_summarise_only_on_an_empty_folder_is_one_sentence(tmp_path, capsys):
     """`scripts/jagg_fidelity_study.py --summarise-only` on an empty folder was "ValueError: min() arg is an empty
     sequence" (a traceback). Now one sentence, exit 1, nothing written."""

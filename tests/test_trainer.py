@@ -72,6 +72,30 @@ def test_methods_train_and_count_their_passes(ci_project, method, backwards, gra
     assert len(curve) == 1 + params.train.iterations and curve[0].startswith("iteration\t")
 
 
+def test_a_method_at_its_own_learning_rate_and_the_update_size_it_logs(ci_project):
+    """Issue 72's machinery: a method's ``lr_scale`` is its AdamW rate over train.lr, and ``train.update_size_every``
+    logs the update's size (‖Δθ‖, ‖Δθ‖/‖θ‖, cos(Δθ, −gradient)) and keeps Δθ in the run's updates/ folder. AdamW's
+    first step is Δθ = −lr (m̂/(√v̂ + ε) + wd θ), proportional to the rate: at the same seed (same weights, same
+    rollout) the method at 2.25 × the rate makes 2.25 × the baseline's update, in the same direction."""
+    from safetensors.torch import load_file
+
+    params = ci(ci_project, **{"methods.baseline-x2_25": {"mode": "exact", "lr_scale": 2.25},
+                               "train.update_size_every": 1, "train.iterations": 1})
+    runs = {m: train(params, m, 0, root=ci_project, progress=False).history[0] for m in ("baseline", "baseline-x2_25")}
+    for h in runs.values():
+        assert h["train/update_norm"] > 0 and 0 < h["train/update_rel"] < 1 and 0 < h["train/update_cos_grad"] <= 1
+    assert runs["baseline-x2_25"]["train/update_norm"] / runs["baseline"]["train/update_norm"] == \
+        pytest.approx(2.25, rel=1e-3)
+    flat = {m: torch.cat([v.flatten().double() for _, v in sorted(load_file(
+        ci_project / "runs/ci" / f"{m}-s0" / "updates" / "update-000001.safetensors").items())]) for m in runs}
+    a, b = flat["baseline"], flat["baseline-x2_25"]
+    assert float(a @ b / (a.norm() * b.norm())) > 0.9999 and float(b.norm() / a.norm()) == pytest.approx(2.25, rel=1e-3)
+    optimizer = torch.load(ci_project / "checkpoints/ci/baseline-x2_25-s0/checkpoint-000001/optimizer.pt",
+                           weights_only=True)
+    assert optimizer["param_groups"][0]["lr"] == pytest.approx(2.25 * params.train.lr, rel=1e-12)
+    assert params.method("baseline").lr_scale == 1.0  # and the fingerprint of a method without one is unchanged
+
+
 def test_mix_grpo_slides_one_jagg_group_along_the_trajectory(ci_project):
     """MixGRPO: the SDE window (= one JAGG group of W = 3) moves one step every iteration here; JAGG trains it with
     two graphs and one no-grad middle forward."""

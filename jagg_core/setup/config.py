@@ -210,6 +210,11 @@ class TrainConfig(Section):
                                 "(3 gradients per group: keep it small, it is a monitor)")
     max_consecutive_skips: int = Field(3, ge=1, description="non-finite updates skipped in a row before stopping")
     log_images_every: int = Field(8, ge=0, description="iterations between sample images logged; 0 = off")
+    update_size_every: int = Field(0, ge=0, description="every N iterations, from the first, log the optimizer's "
+                                   "update: train/update_norm ||d theta||, train/update_rel ||d theta|| / ||theta|| "
+                                   "and train/update_cos_grad cos(d theta, -gradient), and keep d theta in the run's "
+                                   "updates/ folder (costs two float32 copies of the trained tensors at those steps: "
+                                   "for LoRA and small models); 0 = off")
 
     @field_validator("adam_betas")
     @classmethod
@@ -291,6 +296,8 @@ class MethodConfig(Section):
         None, description="override jagg.random_anchor_p")
     random_anchor_weight: float | None = Field(None, ge=0, le=1, description="override jagg.random_anchor_weight")
     reuse_rollout_velocity: bool | None = Field(None, description="override jagg.reuse_rollout_velocity")
+    lr_scale: float | None = Field(None, gt=0, le=100, description="this method's learning rate, a multiple of "
+                                   "train.lr (each method at its own rate: docs/frontier.md); default 1")
 
 
 class RunConfig(Section):
@@ -633,6 +640,7 @@ class Params(Section):
 class ResolvedMethod(JaggConfig):
     name: str
     mode: Literal[MODES]
+    lr_scale: float = 1.0  # the method's learning rate over train.lr (MethodConfig.lr_scale)
 
 
 def _first_non_finite(tree: Any, path: str) -> tuple[str, float] | None:

@@ -18,7 +18,7 @@ __all__ = ["fingerprint", "speed_made_from"]
 
 # Train settings that change how long a run goes or what it logs, not the work of one update.
 _UNTIMED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
-                  "kl_ref_every"}
+                  "kl_ref_every", "update_size_every"}
 
 
 def speed_made_from(params: Params, methods: Sequence[str]) -> dict[str, Any]:
@@ -27,7 +27,8 @@ def speed_made_from(params: Params, methods: Sequence[str]) -> dict[str, Any]:
     r = params.resources
     tree = {"model": params.masked()["model"], "sample": params.sample.model_dump(mode="json"),
             "train": {k: v for k, v in params.train.model_dump(mode="json").items() if k not in _UNTIMED_TRAIN},
-            "methods": {name: params.method(name).model_dump(mode="json") for name in methods},
+            # a method's learning rate (lr_scale) is not its update's work: a method at another rate times alike
+            "methods": {name: params.method(name).model_dump(mode="json", exclude={"lr_scale"}) for name in methods},
             "resources": {"device": r.device, "num_threads": r.num_threads, "mixed_precision": r.mixed_precision}}
     return redact_own(tree)
 

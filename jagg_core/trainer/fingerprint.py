@@ -22,7 +22,7 @@ __all__ = ["IGNORED_TRAIN", "run_fingerprint"]
 # gradient of a chunk is the same sum, so lowering it after an out-of-memory error resumes the run), not what it
 # computes.
 IGNORED_TRAIN = {"iterations", "checkpoint_every", "keep_checkpoints", "log_images_every", "fidelity_every",
-                  "micro_batch", "kl_ref", "kl_ref_every"}
+                  "micro_batch", "kl_ref", "kl_ref_every", "update_size_every"}
 
 
 def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> str:
@@ -46,7 +46,7 @@ def run_fingerprint(params: Params, layout: Layout, method: str, seed: int) -> s
 
 # jagg settings added after runs were fingerprinted, left out at their defaults so those runs' fingerprints still match
 _NEW_METHOD_DEFAULTS = {"anchor_at": None, "random_anchor": None, "random_anchor_p": "uniform",
-                        "random_anchor_weight": 1.0}
+                        "random_anchor_weight": 1.0, "lr_scale": 1.0}
 
 
 # train settings added after runs were fingerprinted, likewise; the KL convention also wherever beta is 0 (no KL term)

@@ -25,7 +25,8 @@ from ..modes import EXACT_MODES
 from ..setup.config import Params
 from ..setup.faults import TRAINER_FAULTS
 from ..setup.metric_logger import MetricLogger, MultiLogger, NullLogger
-from ..setup.storage import FolderLock, atomic_write_text
+from ..setup.paths import held
+from ..setup.storage import FolderLock, atomic_write_bytes, atomic_write_text
 from ..sampling import derive_seed
 from .curve import TsvCurve
 from .errors import TrainingError
@@ -282,6 +283,7 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     optimizer_time = sync_time = 0.0
     skipped = 0
     grad_norms: list[float] = []
+    sizes: list[dict[str, float]] = []  # train.update_size_every's readings, one per optimizer step
     group_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -3))
     # the random anchors' draws (jagg.random_anchor): a stream per iteration and process, so a resumed run draws alike
     anchor_gen = torch.Generator().manual_seed(derive_seed(r.seed, it, -4, r.accelerator.process_index))
@@ -311,7 +313,10 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
                 skipped += 1
             elif len(chunk) or world > 1:
                 grad_norms.append(norm)
+                before = _UpdateSize(r) if tcfg.update_size_every and it % tcfg.update_size_every == 0 else None
                 _step(r)
+                if before is not None:
+                    sizes.append(before.measure(r, step))
             r.optimizer.zero_grad(set_to_none=True)
             optimizer_time += time.perf_counter() - t2
     # train/kl_ref's reference forwards are a diagnostic, not the method's work: a phase of their own
@@ -325,6 +330,8 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     for key in ("policy_loss", "approx_kl", "clipfrac", "kl", *(("kl_ref",) if kl_now else ())):
         metrics[f"train/{key}"] = _mean(ustats.extras.get(key, []))
     metrics["train/grad_norm"] = _mean(grad_norms)
+    for key in ("update_norm", "update_rel", "update_cos_grad") if sizes else ():
+        metrics[f"train/{key}"] = _mean([x[key] for x in sizes])
     metrics["train/grad_forwards"] = ustats.grad_forwards
     metrics["train/nograd_forwards"] = ustats.nograd_forwards
     metrics["train/forward_calls"] = ustats.forward_calls
@@ -334,6 +341,41 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
     metrics["train/skipped_updates"] = skipped
     metrics["train/policy_version"] = r.policy_version
     return skipped
+
+
+class _UpdateSize:
+    """The optimizer's update of one step (issue 72: how far a method's AdamW steps go): the trained tensors and their
+    (clipped) gradients copied before the step, then ‖Δθ‖, ‖Δθ‖/‖θ‖ and cos(Δθ, −gradient) after it. The main
+    process keeps Δθ in ``updates/update-<iteration>.safetensors`` of the run's folder (the first optimizer step of
+    the iteration), so that two runs' updates at the same seed and iteration can be compared (at the first iteration
+    both start from the same weights and rollout). Sharded tensors are read whole (``full_tensor``)."""
+
+    def __init__(self, r: RunState):
+        self.theta = [_whole(p).float().clone() for p in r.trainable]
+        self.grad = [_whole(p.grad).float().clone() if p.grad is not None else torch.zeros_like(t)
+                     for p, t in zip(r.trainable, self.theta)]
+
+    def measure(self, r: RunState, step: int) -> dict[str, float]:
+        delta = [_whole(p).float() - t for p, t in zip(r.trainable, self.theta)]
+        norm = math.sqrt(sum(float((d * d).sum()) for d in delta))
+        theta = math.sqrt(sum(float((t * t).sum()) for t in self.theta))
+        gnorm = math.sqrt(sum(float((g * g).sum()) for g in self.grad))
+        dot = sum(float((d * -g).sum()) for d, g in zip(delta, self.grad))
+        if r.main:
+            folder = r.layout.run_dir(r.name) / "updates"
+            target = folder / f"update-{step:06d}.safetensors"
+            if not target.exists():
+                from safetensors.torch import save as st_save
+
+                held(folder).mkdir(exist_ok=True)  # the path rule: a link planted there leads nowhere
+                atomic_write_bytes(held(target), st_save({n: d.contiguous().cpu() for (n, _), d in zip(r.named, delta)}))
+        return {"update_norm": norm, "update_rel": norm / theta if theta else float("nan"),
+                "update_cos_grad": dot / (norm * gnorm) if norm and gnorm else float("nan")}
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _step(r: RunState) -> None:

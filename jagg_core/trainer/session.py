@@ -114,7 +114,7 @@ def setup_run(params: Params, method_name: str, seed: int, root: Path, accelerat
     trainable = policy.trainable_parameters()
     if not trainable:
         raise TrainingError("the policy has no trainable parameters; check model.lora.")
-    optimizer = torch.optim.AdamW(trainable, lr=tcfg.lr, betas=tcfg.adam_betas, eps=tcfg.adam_eps,
+    optimizer = torch.optim.AdamW(trainable, lr=tcfg.lr * method.lr_scale, betas=tcfg.adam_betas, eps=tcfg.adam_eps,
                                   weight_decay=tcfg.weight_decay)
     named = [(n, p) for n, p in policy.transformer.named_parameters() if p.requires_grad]
     ema = {n: p.detach().float().clone() for n, p in named} if tcfg.ema_decay > 0 else None
