@@ -45,7 +45,11 @@ def speed(params: Params, lay: Layout, *, rounds: int | None = None) -> dict | N
         result = side_by_side(params, lay, params.run.methods, policy=policy, rounds=rounds, progress=log.info)
     finally:
         torch.set_num_threads(threads)  # the flow runs this stage in its own process: leave its threads as found
-    write_result(result, lay.speed)
+    where = write_result(result, lay.speed)
+    if where != lay.speed:
+        log.warning("side by side: this measurement cannot be trusted (%s); %s keeps the trusted one of the same "
+                    "settings, and this one is in %s", result["untrusted"], lay.speed, where)
+        return result
     disturbed = ", ".join(str(d["round"]) for d in result["disturbed_rounds"])
     log.info("side by side: timed by the %s clock; rounds the machine's load disturbed: %s", result["clock"],
              disturbed or "none")

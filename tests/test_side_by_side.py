@@ -85,6 +85,8 @@ def test_a_round_run_beside_a_busy_process_on_the_same_core_is_named(ci_base, tm
         wall, cpu = m["clocks"]["wall"]["samples"], m["clocks"]["cpu"]["samples"]
         assert wall[1] > cpu[1] * (1 + DISTURBED)  # round 2's wall time holds the busy process's share
 
+    import json
+
     from jagg_core.bench.side_by_side import write_result
     from jagg_core.pipeline.report import read_side_by_side
     from jagg_core.pipeline.report_pages import side_note
@@ -96,7 +98,17 @@ def test_a_round_run_beside_a_busy_process_on_the_same_core_is_named(ci_base, tm
     named = side_note({"side_by_side": side}).split("rounds the machine's load disturbed: ")[1].split(".")[0]
     assert "2" in named.split(", "), named
     why = "its rounds spread too much to trust a ratio: (q3 - q1) / median 31% by the steadier clock (cpu)"
-    write_result({**result, "trusted": False, "untrusted": why}, mine.speed)
+    # An untrusted measurement of the same settings does not replace the trusted one: it goes beside it (a `dvc
+    # repro` on a busy machine put "cannot be trusted" in place of good figures), and the report still shows them.
+    untrusted = {**result, "trusted": False, "untrusted": why}
+    assert write_result(untrusted, mine.speed) == mine.speed.with_name("speed.untrusted.json")
+    assert read_side_by_side(params, mine)[0] is not None and json.loads(mine.speed.read_text())["trusted"] is True
+    assert json.loads(mine.speed.with_name("speed.untrusted.json").read_text())["untrusted"] == why
+    # Where there is no trusted one of these settings (none, or one of other settings), the untrusted one is written
+    write_result({**result, "trusted": True, "fingerprint": "0" * 16}, mine.speed)  # another settings' figures
+    assert write_result(untrusted, mine.speed) == mine.speed
+    mine.speed.unlink()
+    assert write_result(untrusted, mine.speed) == mine.speed
     side, note = read_side_by_side(params, mine)
     shown = side_note({"side_by_side": side, "side_by_side_note": note})
     assert side is None and shown.startswith(f"The side-by-side measurement is not shown: runs/ci/speed.json cannot "

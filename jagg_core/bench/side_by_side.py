@@ -42,6 +42,7 @@ from ..cost import ideal_speedup
 from ..jagg import AUTO_FALLBACK_JAGG_FRAC, plan_groups
 from ..policies.base import Policy
 from ..setup.config import Params, ResolvedMethod
+from ..setup.json_read import read_json
 from ..setup.paths import Layout
 from ..setup.provenance import fingerprint, speed_made_from
 from ..setup.storage import atomic_write_text, finite_json, read_prompts
@@ -274,11 +275,30 @@ def speed_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_result(result: dict[str, Any], path: Path) -> None:
+def write_result(result: dict[str, Any], path: Path) -> Path:
+    """Write ``result`` to ``path`` (``runs/<outputs>/speed.json``); returns where it went. A measurement that cannot
+    be trusted does not replace a trusted one of the same settings (the same fingerprint): it goes beside it, to
+    :data:`UNTRUSTED_ASIDE`, and the trusted figures stay what the report shows (a `dvc repro` or `jagg speed` on a
+    busy machine used to put "cannot be trusted" in place of good figures)."""
     import json
 
+    if result.get("trusted") is False and _trusted_at(path, result.get("fingerprint")):
+        path = path.with_name(UNTRUSTED_ASIDE)
     path.parent.mkdir(parents=True, exist_ok=True)
     result, nulls = finite_json(result)  # strict JSON: a ratio with nothing to divide by is null, said in words
     if nulls:
         result["null"] = NULL_NOTE
     atomic_write_text(path, json.dumps(result, indent=2, allow_nan=False) + "\n")
+    return path
+
+
+UNTRUSTED_ASIDE = "speed.untrusted.json"
+
+
+def _trusted_at(path: Path, made: Any) -> bool:
+    """Whether ``path`` holds a trusted measurement whose fingerprint is ``made`` (absent or unreadable: no)."""
+    try:
+        old = read_json(path, ValueError, limit=64 << 20)
+    except ValueError:
+        return False
+    return isinstance(old, dict) and old.get("trusted") is True and made is not None and old.get("fingerprint") == made
