@@ -368,7 +368,9 @@ class _UpdateSize:
                 from safetensors.torch import save as st_save
 
                 held(folder).mkdir(exist_ok=True)  # the path rule: a link planted there leads nowhere
-                atomic_write_bytes(held(target), st_save({n: d.contiguous().cpu() for (n, _), d in zip(r.named, delta)}))
+                name = {id(p): n for n, p in r.named}  # each trained tensor's name, by identity
+                atomic_write_bytes(held(target), st_save({name[id(p)]: d.contiguous().cpu()
+                                                          for p, d in zip(r.trainable, delta)}))
         return {"update_norm": norm, "update_rel": norm / theta if theta else float("nan"),
                 "update_cos_grad": dot / (norm * gnorm) if norm and gnorm else float("nan")}
 
