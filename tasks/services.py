@@ -41,6 +41,7 @@ HEARTBEAT_S = 30
 CRASH_AFTER_S = 90
 AUTOMATION = "jagg: a flow run without heartbeats is crashed"
 LATE_AUTOMATION = "jagg: cancel a run of {pool}/{queue} that no worker takes"
+_FINAL_EVENTS = [f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")]  # a run's end
 WORKER_START_S = 120  # a worker's first heartbeat: its imports take ~10 s on a slow 2-core host
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")  # a DNS name, or an IPv4 address
 
@@ -187,12 +188,11 @@ def crash_automation(api: str, crash_after: float = CRASH_AFTER_S) -> None:
     (created once; Prefect 3 leaves a run whose worker was killed RUNNING without it)."""
     if any(a.get("name") == AUTOMATION for a in _api(api, "automations/filter", {})):
         return
-    terminal = [f"prefect.flow-run.{s}" for s in ("Completed", "Failed", "Cancelled", "Crashed")]
     _api(api, "automations/", {
         "name": AUTOMATION, "enabled": True,
         "description": f"No heartbeat from a flow run's process for {crash_after:.0f} s: its worker or host died.",
         "trigger": {"type": "event", "posture": "Proactive", "match": {"prefect.resource.id": "prefect.flow-run.*"},
-                    "after": ["prefect.flow-run.heartbeat"], "expect": ["prefect.flow-run.heartbeat", *terminal],
+                    "after": ["prefect.flow-run.heartbeat"], "expect": ["prefect.flow-run.heartbeat", *_FINAL_EVENTS],
                     "for_each": ["prefect.resource.id"], "threshold": 1, "within": crash_after},
         "actions": [{"type": "change-flow-run-state", "state": "CRASHED",
                      "message": f"no heartbeat for {crash_after:.0f} s: its worker or host died"}]})
@@ -210,8 +210,7 @@ def late_automations(api: str, pool: str, wait_s: float) -> list[str]:
     made = []
     old = {a.get("name"): a.get("id") for a in _api(api, "automations/filter", {}) or []}
     queues = _api(api, f"work_pools/{urllib.parse.quote(pool)}/queues/filter", {}) or []
-    terminal = [f"prefect.flow-run.{s}" for s in ("Pending", "Running", "Completed", "Failed", "Cancelling",
-                                                  "Cancelled", "Crashed")]
+    taken = [f"prefect.flow-run.{s}" for s in ("Pending", "Running", "Cancelling")] + _FINAL_EVENTS  # no longer Late
     for queue in sorted(queues, key=lambda q: q["name"]):
         name = LATE_AUTOMATION.format(pool=pool, queue=queue["name"])
         if old.get(name):
@@ -225,7 +224,7 @@ def late_automations(api: str, pool: str, wait_s: float) -> list[str]:
             "name": name, "enabled": True, "description": message,
             "trigger": {"type": "event", "posture": "Proactive", "match": {"prefect.resource.id": "prefect.flow-run.*"},
                         "match_related": {"prefect.resource.id": f"prefect.work-queue.{queue['id']}"},
-                        "after": ["prefect.flow-run.Late"], "expect": terminal, "for_each": ["prefect.resource.id"],
+                        "after": ["prefect.flow-run.Late"], "expect": taken, "for_each": ["prefect.resource.id"],
                         "threshold": 1, "within": max(wait_s, 10.0)},
             "actions": [{"type": "change-flow-run-state", "state": "CANCELLED", "message": message}]})
         made.append(name)

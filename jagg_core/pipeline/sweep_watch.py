@@ -33,14 +33,14 @@ def main() -> int:
         return 0
     from mlflow.tracking import MlflowClient
 
-    from .tracking import OWNER_TAG
+    from .tracking import OWNER_TAG, REAPED_TAG
 
     for attempt in range(_TRIES):
         try:
             client = MlflowClient(tracking_uri=spec["uri"])
             run = client.get_run(spec["run_id"])
             if run.info.status == "RUNNING" and run.data.tags.get(OWNER_TAG) == spec["owner"]:
-                client.set_tag(spec["run_id"], "jagg.reaped_by", f"the watcher of {spec['owner']}")
+                client.set_tag(spec["run_id"], REAPED_TAG, f"the watcher of {spec['owner']}")
                 client.set_terminated(spec["run_id"], "KILLED")
             return 0
         except Exception:  # noqa: BLE001  (a store that is busy or restarting: try again, then leave it)

@@ -74,6 +74,7 @@ OWNER_TAG = "jagg.owner"
 # An owner this machine cannot check (another host's, as after a container restart, or a tag it cannot read) whose
 # heartbeat (else the run's start) is older than OWNER_STALE_SECONDS is taken to be gone: its run is taken over.
 HEARTBEAT_TAG = "jagg.heartbeat"
+REAPED_TAG = "jagg.reaped_by"  # who marked a run KILLED whose owner was gone (a later stage, a sweep's watcher)
 FAILURE_TAG = "jagg.failure"  # why a run ended FAILED: the user error's sentence, redacted (MLflow keeps 5000 chars)
 _MAX_TAG = 5000
 HEARTBEAT_SECONDS = 60.0
@@ -253,7 +254,7 @@ class Tracker:
         for r in found:
             owner = r.data.tags.get(OWNER_TAG)
             if owner and owner != owner_id() and owner_gone(r):
-                self.set_tags(r.info.run_id, {"jagg.reaped_by": owner_id()})
+                self.set_tags(r.info.run_id, {REAPED_TAG: owner_id()})
                 self._call(lambda: self.client.set_terminated(r.info.run_id, "KILLED"), "mark a stale run KILLED")
                 yield r, owner
 
