@@ -213,7 +213,7 @@ class TrainConfig(Section):
     update_size_every: int = Field(0, ge=0, description="every N iterations, from the first, log the optimizer's "
                                    "update: train/update_norm ||d theta||, train/update_rel ||d theta|| / ||theta|| "
                                    "and train/update_cos_grad cos(d theta, -gradient), and keep d theta in the run's "
-                                   "updates/ folder (costs two float32 copies of the trained tensors at those steps: "
+                                   "updates/ folder (costs a float32 copy of the trained tensors at those steps: "
                                    "for LoRA and small models); 0 = off")
 
     @field_validator("adam_betas")

@@ -344,23 +344,23 @@ def _optimizer_steps(r: RunState, ctx: UpdateContext, it: int, step: int, scored
 
 
 class _UpdateSize:
-    """The optimizer's update of one step (issue 72: how far a method's AdamW steps go): the trained tensors and their
-    (clipped) gradients copied before the step, then ‖Δθ‖, ‖Δθ‖/‖θ‖ and cos(Δθ, −gradient) after it. The main
-    process keeps Δθ in ``updates/update-<iteration>.safetensors`` of the run's folder (the first optimizer step of
-    the iteration), so that two runs' updates at the same seed and iteration can be compared (at the first iteration
-    both start from the same weights and rollout). Sharded tensors are read whole (``full_tensor``)."""
+    """The optimizer's update of one step (issue 72: how far a method's AdamW steps go): the trained tensors copied
+    before the step, then ‖Δθ‖, ‖Δθ‖/‖θ‖ and cos(Δθ, −gradient) after it (the step reads the clipped gradients and
+    leaves them: they are zeroed after this). The main process keeps Δθ in ``updates/update-<iteration>.safetensors``
+    of the run's folder (the first optimizer step of the iteration), so that two runs' updates at the same seed and
+    iteration can be compared (at the first iteration both start from the same weights and rollout). Sharded tensors
+    are read whole (``full_tensor``)."""
 
     def __init__(self, r: RunState):
         self.theta = [_whole(p).float().clone() for p in r.trainable]
-        self.grad = [_whole(p.grad).float().clone() if p.grad is not None else torch.zeros_like(t)
-                     for p, t in zip(r.trainable, self.theta)]
 
     def measure(self, r: RunState, step: int) -> dict[str, float]:
         delta = [_whole(p).float() - t for p, t in zip(r.trainable, self.theta)]
+        grad = [_whole(p.grad).float() if p.grad is not None else torch.zeros_like(d) for p, d in zip(r.trainable, delta)]
         norm = math.sqrt(sum(float((d * d).sum()) for d in delta))
         theta = math.sqrt(sum(float((t * t).sum()) for t in self.theta))
-        gnorm = math.sqrt(sum(float((g * g).sum()) for g in self.grad))
-        dot = sum(float((d * -g).sum()) for d, g in zip(delta, self.grad))
+        gnorm = math.sqrt(sum(float((g * g).sum()) for g in grad))
+        dot = sum(float((d * -g).sum()) for d, g in zip(delta, grad))
         if r.main:
             folder = r.layout.run_dir(r.name) / "updates"
             target = folder / f"update-{step:06d}.safetensors"
