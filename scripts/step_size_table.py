@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -26,13 +26,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def t_interval(xs: list[float]) -> tuple[float, float, float]:
-    from scipy import stats
+    """Mean and Student-t 95% interval: the report's own (summary.json's intervals over seeds)."""
+    from jagg_core.pipeline.report_stats import t_interval as report_interval
 
-    m = statistics.fmean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
-    return m, m - h, m + h
+    t = report_interval(xs)
+    return t["mean"], t["lo"], t["hi"]
 
 
 def split(method: str) -> tuple[str, float]:
@@ -40,6 +38,7 @@ def split(method: str) -> tuple[str, float]:
     return base, float(rate.replace("_", ".")) if rate else 1.0
 
 
+@functools.lru_cache(maxsize=None)  # the baseline's of a seed is read for every method
 def update_sizes(runs: Path, run: str) -> dict[int, float]:
     """``train/update_norm`` by iteration, where the run measured it."""
     with open(runs / run / "curve.tsv", newline="") as f:
@@ -48,15 +47,18 @@ def update_sizes(runs: Path, run: str) -> dict[int, float]:
             if r.get("train/update_norm") not in (None, "", "nan")}
 
 
-def first_update_cos(runs: Path, a: str, b: str) -> float:
+@functools.lru_cache(maxsize=None)
+def first_update(runs: Path, run: str) -> "torch.Tensor":  # noqa: F821
+    """The run's first kept update (train.update_size_every), flat, in float64."""
     import torch
     from safetensors.torch import load_file
 
-    def flat(run: str) -> torch.Tensor:
-        t = load_file(runs / run / "updates" / "update-000001.safetensors")
-        return torch.cat([v.flatten().double() for _, v in sorted(t.items())])
+    t = load_file(runs / run / "updates" / "update-000001.safetensors")
+    return torch.cat([v.flatten().double() for _, v in sorted(t.items())])
 
-    x, y = flat(a), flat(b)
+
+def first_update_cos(runs: Path, a: str, b: str) -> float:
+    x, y = first_update(runs, a), first_update(runs, b)
     return float(x @ y / (x.norm() * y.norm()))
 
 
